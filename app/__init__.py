@@ -1,0 +1,79 @@
+"""The Flask application factory: reads as a table of contents."""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from flask import Flask, jsonify
+
+from app.extensions import Services
+from app.settings import Settings
+
+
+def create_app(settings: Settings | None = None) -> Flask:
+    """Create the web application.
+
+    Args:
+        settings: configuration; read from the environment when None.
+
+    Raises:
+        ConfigError: the environment's configuration is invalid.
+    """
+    settings = settings or Settings.from_env()
+    app = Flask(__name__)
+    configure(app, settings)
+    register_extensions(app, settings)
+    register_blueprints(app)
+    register_errorhandlers(app)
+    return app
+
+
+def configure(app: Flask, settings: Settings) -> None:
+    """Flask configuration derived from the settings (cookie policy of the contract's Identity)."""
+    app.config.update(
+        SECRET_KEY=settings.secret_key,
+        SESSION_COOKIE_NAME="chat_session",
+        SESSION_COOKIE_HTTPONLY=True,
+        SESSION_COOKIE_SAMESITE="Lax",
+        SESSION_COOKIE_SECURE=settings.production,
+        PERMANENT_SESSION_LIFETIME=timedelta(seconds=settings.memory_ttl_seconds),
+        MAX_CONTENT_LENGTH=64 * 1024,
+        SOCK_SERVER_OPTIONS={"ping_interval": 25, "max_message_size": 4 * settings.max_input_chars + 1024},
+        JSON_SORT_KEYS=False,
+    )
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def register_extensions(app: Flask, settings: Settings) -> None:
+    """Shared services (Redis, store, tokenizer, LLM), websockets, Celery."""
+    from app.celery_setup import celery_init_app
+    from app.chat.ws import sock
+
+    app.extensions["chat"] = Services(settings)
+    sock.init_app(app)
+    celery_init_app(app, settings)
+
+
+def register_blueprints(app: Flask) -> None:
+    """The page, the JSON API and the websocket route."""
+    from app.chat.ws import bp as chat_bp
+    from app.web.routes import bp as web_bp
+
+    app.register_blueprint(web_bp)
+    app.register_blueprint(chat_bp)
+
+
+def register_errorhandlers(app: Flask) -> None:
+    """JSON errors without exception text."""
+
+    def handle(code: int, name: str, message: str):
+        def handler(_error):
+            return jsonify({"error": {"code": name, "message": message}}), code
+        app.register_error_handler(code, handler)
+
+    handle(400, "bad_request", "The request could not be understood.")
+    handle(404, "not_found", "Not found.")
+    handle(405, "method_not_allowed", "Method not allowed.")
+    handle(413, "too_large", "The request is too large.")
+    handle(500, "internal", "Something went wrong.")

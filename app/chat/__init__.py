@@ -1,0 +1,1 @@
+"""The websocket chat: frames, the turn runner, compaction status events."""

@@ -1,0 +1,46 @@
+"""One websocket connection's writer: every frame goes through one lock, so frames never interleave.
+
+flask-sock (simple-websocket) corrupts frames when two threads send at once; the
+turn thread, the socket's reader and the memory-event hub all send through
+``FrameWriter.send``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+
+from simple_websocket import ConnectionClosed
+
+log = logging.getLogger(__name__)
+
+
+class FrameWriter:
+    """Serialises JSON frames onto one websocket.
+
+    Args:
+        ws: the flask-sock websocket.
+    """
+
+    def __init__(self, ws):
+        self._ws = ws
+        self._lock = threading.Lock()
+        self.closed = False
+
+    def send(self, frame: dict) -> bool:
+        """Send one frame; False (and nothing raised) when the socket is closed."""
+        data = json.dumps(frame, ensure_ascii=False, separators=(",", ":"))
+        with self._lock:
+            if self.closed:
+                return False
+            try:
+                self._ws.send(data)
+                return True
+            except (ConnectionClosed, OSError):
+                self.closed = True
+                return False
+
+    def error(self, code: str, message: str) -> bool:
+        """Send ``{"type":"error","code","message"}``."""
+        return self.send({"type": "error", "code": code, "message": message})

@@ -1,0 +1,138 @@
+"""Prompt assembly for one turn under a token budget (contract: Model context for a turn).
+
+Order: the system prompt; the summary (if any) as a system message; the pinned
+decisions (if any) as one numbered system message; the recent messages; the new
+user text.  Messages the browser holds are never an input here.  When the prompt
+plus the reserved output would not fit the context window, the oldest whole
+turns are left out of the prompt (memory keeps them); the system prompt, the
+pins and the new input are never dropped (acceptance P17, P18, B6).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from app.memory.state import ThreadState
+from app.memory.tokens import REPLY_PRIMING, TokenCounter
+
+SECTIONS = ("system", "summary", "pins", "recent", "input")
+SUMMARY_HEADER = "Summary of the earlier conversation:\n"
+PINS_HEADER = "Pinned decisions (keep to these):\n"
+
+
+class ContextTooLong(ValueError):
+    """Even without any recent turn the prompt does not fit: the turn is refused (``input_too_long``)."""
+
+
+@dataclass(frozen=True)
+class PromptMessage:
+    """One message of an assembled prompt.
+
+    Attributes:
+        role: ``system``, ``user`` or ``assistant``.
+        content: the text sent.
+        origin: which part of memory it came from: one of ``SECTIONS``.
+        tokens: what it costs in the prompt, in tokens (overhead included).
+    """
+
+    role: str
+    content: str
+    origin: str
+    tokens: int
+
+    def to_openai(self) -> dict:
+        """Return ``{"role", "content"}`` for the chat completions API."""
+        return {"role": self.role, "content": self.content}
+
+
+@dataclass(frozen=True)
+class AssembledContext:
+    """The prompt for a turn and its token accounting.
+
+    Attributes:
+        messages: the prompt, in order.
+        sections: tokens per section (``SECTIONS``); the reply priming counts as ``input``.
+        prompt_tokens: total prompt tokens; equals ``sum(sections.values())``.
+        budget: tokens the prompt may use (context window minus reserved output).
+        dropped_turns: whole turns left out of this prompt to fit the budget.
+    """
+
+    messages: tuple[PromptMessage, ...]
+    sections: dict = field(default_factory=dict)
+    prompt_tokens: int = 0
+    budget: int = 0
+    dropped_turns: int = 0
+
+    def to_openai(self) -> list[dict]:
+        """Return the prompt as a list of ``{"role", "content"}``."""
+        return [m.to_openai() for m in self.messages]
+
+
+def format_summary(summary: str) -> str:
+    """The system message that carries the summary."""
+    return SUMMARY_HEADER + summary
+
+
+def format_pins(pins: list[str]) -> str:
+    """The one numbered system message that carries the pinned decisions."""
+    return PINS_HEADER + "\n".join(f"{i}. {text}" for i, text in enumerate(pins, 1))
+
+
+def assemble_context(
+    state: ThreadState,
+    user_text: str,
+    *,
+    system_prompt: str,
+    counter: TokenCounter,
+    context_tokens: int,
+    reserved_output_tokens: int,
+) -> AssembledContext:
+    """Build the prompt for a new user text from the server's ThreadState.
+
+    Args:
+        state: the thread as stored.
+        user_text: the new input (already validated).
+        system_prompt: the deployment's system prompt.
+        counter: the model's token counter.
+        context_tokens: the model's window, in tokens (``MODEL_CONTEXT_TOKENS``).
+        reserved_output_tokens: tokens kept free for the answer (``RESERVED_OUTPUT_TOKENS``).
+
+    Returns:
+        The assembled context with per-section token counts.
+
+    Raises:
+        ContextTooLong: system prompt, summary, pins and input alone exceed the budget.
+    """
+    budget = context_tokens - reserved_output_tokens
+
+    def make(role: str, content: str, origin: str) -> PromptMessage:
+        return PromptMessage(role, content, origin, counter.message(role, content))
+
+    head = [make("system", system_prompt, "system")]
+    if state.summary:
+        head.append(make("system", format_summary(state.summary), "summary"))
+    if state.pins:
+        head.append(make("system", format_pins(state.pinned_decisions), "pins"))
+    tail = make("user", user_text, "input")
+    fixed = sum(m.tokens for m in head) + tail.tokens + REPLY_PRIMING
+
+    turns = [[make(m.role, m.text, "recent") for m in turn] for turn in state.turns()]
+    turn_costs = [sum(m.tokens for m in turn) for turn in turns]
+    # A turn without its user message (never written by this project) is not sent.
+    keep_from = next((i for i, t in enumerate(turns) if t[0].role == "user"), len(turns))
+    recent_cost = sum(turn_costs[keep_from:])
+    dropped = keep_from
+    while keep_from < len(turns) and fixed + recent_cost > budget:
+        recent_cost -= turn_costs[keep_from]
+        keep_from += 1
+        dropped += 1
+    if fixed + recent_cost > budget:
+        raise ContextTooLong(f"prompt needs {fixed + recent_cost} tokens, budget is {budget}")
+
+    recent = [m for turn in turns[keep_from:] for m in turn]
+    messages = tuple(head + recent + [tail])
+    sections = dict.fromkeys(SECTIONS, 0)
+    for m in messages:
+        sections[m.origin] += m.tokens
+    sections["input"] += REPLY_PRIMING
+    return AssembledContext(messages, sections, sum(sections.values()), budget, dropped)

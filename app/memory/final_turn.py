@@ -1,0 +1,130 @@
+"""The final-turn adapter: which finished turns enter memory, and in what form.
+
+A finished turn comes from a producer (plain chat, a tool call, an MCP-style
+resource read, the task-list agent, the delivery workflow).  Only what the
+person was finally told is remembered: the user's text and the final assistant
+text, trimmed (contract: ThreadState; acceptance P9-P12).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from app.memory.state import ThreadMessage, ThreadState, new_message_id, utc_now_iso
+
+WRITTEN_STATUSES = frozenset({"completed", "blocked", "final"})
+NOT_WRITTEN_STATUSES = frozenset({"cancelled", "failed", "interrupted", "paused"})
+SOURCES = frozenset({"chat", "tool", "mcp-resource", "tasklist-agent", "delivery-chain"})
+TRUNCATION_NOTICE = "\n\n[Report truncated for memory.]"
+
+
+class TurnRejected(ValueError):
+    """A finished turn that is not written.  ``reason`` is a short machine-readable code."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class FinalTurn:
+    """A finished turn as a producer reports it.
+
+    Attributes:
+        user_text: what the person sent (must be a non-blank string).
+        assistant_text: what the person was finally told (must be a non-blank string).
+        status: ``completed`` (also when None), ``blocked``, ``final`` are written;
+            ``cancelled``, ``failed``, ``interrupted``, ``paused`` never are.
+        source: the producer; used at append time, never stored.
+        user_id: the user message id (client-chosen), or None for a fresh one.
+        assistant_id: the assistant message id, or None for a fresh one.
+    """
+
+    user_text: Any
+    assistant_text: Any
+    status: str | None = None
+    source: str = "chat"
+    user_id: str | None = None
+    assistant_id: str | None = None
+
+
+def truncate_delivery_report(text: str, max_chars: int) -> str:
+    """Cut a delivery-chain final report to at most ``max_chars`` characters.
+
+    Deterministic: a prefix, trailing whitespace removed, then ``TRUNCATION_NOTICE``.
+    Python strings index code points, so a character is never split (acceptance P12).
+    """
+    if len(text) <= max_chars:
+        return text
+    prefix = text[: max_chars - len(TRUNCATION_NOTICE)].rstrip()
+    return prefix + TRUNCATION_NOTICE
+
+
+def _clean_text(value: Any, which: str) -> str:
+    if not isinstance(value, str):
+        raise TurnRejected("invalid_text", f"{which} text must be a string, got {type(value).__name__}")
+    cleaned = value.strip()
+    if not cleaned:
+        raise TurnRejected("blank_text", f"{which} text is blank")
+    return cleaned
+
+
+def prepare_final_turn(
+    turn: FinalTurn,
+    *,
+    delivery_max_chars: int = 8000,
+    now: Callable[[], str] = utc_now_iso,
+    new_id: Callable[[], str] = new_message_id,
+) -> tuple[ThreadMessage, ThreadMessage]:
+    """Turn a finished turn into the two messages to append.
+
+    Returns:
+        ``(user_message, assistant_message)`` with trimmed texts and ids.
+
+    Raises:
+        TurnRejected: the status is not written (``reason="not_final"``), the source is
+            unknown (``"unknown_source"``), or a text is not a string or blank
+            (acceptance P10, P11).
+    """
+    status = turn.status or "completed"
+    if status not in WRITTEN_STATUSES:
+        if status in NOT_WRITTEN_STATUSES:
+            raise TurnRejected("not_final", f"a {status} turn is not written")
+        raise TurnRejected("unknown_status", f"unknown turn status {status!r}")
+    if turn.source not in SOURCES:
+        raise TurnRejected("unknown_source", f"unknown turn source {turn.source!r}")
+    user_text = _clean_text(turn.user_text, "user")
+    assistant_text = _clean_text(turn.assistant_text, "assistant")
+    if turn.source == "delivery-chain":
+        assistant_text = truncate_delivery_report(assistant_text, delivery_max_chars)
+    created = now()
+    user = ThreadMessage(turn.user_id or new_id(), "user", user_text, created)
+    assistant = ThreadMessage(turn.assistant_id or new_id(), "assistant", assistant_text, created)
+    return user, assistant
+
+
+def is_duplicate(state: ThreadState, user: ThreadMessage, assistant: ThreadMessage, *, by_text: bool) -> bool:
+    """The dedupe rule (acceptance P9, B3).
+
+    A turn whose user or assistant id is already stored adds nothing.  When the
+    producer gave no ids (``by_text=True``), a turn whose two texts equal the last
+    stored pair exactly adds nothing.  The store's Lua script applies the same rule
+    atomically; this function is its reference.
+    """
+    ids = state.message_ids()
+    if user.id in ids or assistant.id in ids:
+        return True
+    if by_text and len(state.messages) >= 2:
+        last_user, last_assistant = state.messages[-2], state.messages[-1]
+        return (last_user.role, last_assistant.role) == ("user", "assistant") and \
+            last_user.text == user.text and last_assistant.text == assistant.text
+    return False
+
+
+def append_turn(state: ThreadState, user: ThreadMessage, assistant: ThreadMessage, *, by_text: bool) -> ThreadState:
+    """Return ``state`` with the turn appended, or unchanged when it is a duplicate."""
+    if is_duplicate(state, user, assistant, by_text=by_text):
+        return state
+    return ThreadState(state.messages + (user, assistant), state.summary, state.pins,
+                       state.last_compacted_at, state.version + 1, state.gen)

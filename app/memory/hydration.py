@@ -1,0 +1,82 @@
+"""The browser's view of a thread and the forbidden-key guard (contract: HTTP).
+
+``GET /api/chat/thread`` returns ``build_hydration(...)`` after
+``assert_no_forbidden_keys`` has checked every key at every depth.  Values are
+never inspected: a message may say "tasklist" (acceptance P13, P14).
+"""
+
+from __future__ import annotations
+
+from app.memory.schemas import SUMMARY_PREVIEW_CHARS
+from app.memory.state import ThreadState
+
+FORBIDDEN_KEYS = (
+    "apiKey", "checkpoint", "cookie", "deliveryChain", "displayKind", "graphState", "mcpEnvelope",
+    "providerConfig", "providerResponse", "rawCheckpoint", "rawPrompt", "resourceContent",
+    "runtimeArtifact", "sessionId", "source", "stack", "subagentInvocation", "subagentResult",
+    "toolArgs", "toolCall", "toolMessage", "toolResult", "turnId", "tasklist", "workflowProgress",
+)
+
+
+def normalize_key(key: str) -> str:
+    """Compare form of a key: lower case, ``_`` and ``-`` removed."""
+    return key.lower().replace("_", "").replace("-", "")
+
+
+_FORBIDDEN = frozenset(normalize_key(k) for k in FORBIDDEN_KEYS)
+
+
+class ForbiddenKeyError(ValueError):
+    """A response would carry a forbidden key.  ``path`` names where, e.g. ``messages[0].rawCheckpoint``."""
+
+    def __init__(self, path: str):
+        super().__init__(f"forbidden key at {path}")
+        self.path = path
+
+
+def find_forbidden_key(value, path: str = "$") -> str | None:
+    """Return the path of the first forbidden key in a JSON-like value, or None."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            here = f"{path}.{key}"
+            if normalize_key(str(key)) in _FORBIDDEN:
+                return here
+            found = find_forbidden_key(item, here)
+            if found:
+                return found
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            found = find_forbidden_key(item, f"{path}[{i}]")
+            if found:
+                return found
+    return None
+
+
+def assert_no_forbidden_keys(value) -> None:
+    """Raise ``ForbiddenKeyError`` naming the first forbidden key found in ``value``."""
+    found = find_forbidden_key(value)
+    if found:
+        raise ForbiddenKeyError(found)
+
+
+def build_hydration(thread_id: str, state: ThreadState, *, restored: bool | None = None) -> dict:
+    """Return the hydration DTO.
+
+    Shape: ``{"threadId", "messages": [{id, role, text, createdAt}], "summaryPreview"?,
+    "pinnedDecisions": [str], "restored": bool}``; ``summaryPreview`` is the first 240
+    characters of the summary and is absent when the summary is empty.
+    """
+    dto = {
+        "threadId": thread_id,
+        "messages": [m.to_dict() for m in state.messages],
+        "pinnedDecisions": state.pinned_decisions,
+        "restored": (not state.is_empty) if restored is None else restored,
+    }
+    if state.summary:
+        dto["summaryPreview"] = state.summary[:SUMMARY_PREVIEW_CHARS]
+    return dto
+
+
+def empty_hydration(thread_id: str) -> dict:
+    """The DTO of a thread that holds nothing, or of any thread while the store is down."""
+    return build_hydration(thread_id, ThreadState(), restored=False)

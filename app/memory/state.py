@@ -1,0 +1,115 @@
+"""ThreadState and its parts (contract: ThreadState).
+
+A thread is the short-term memory of one browser session: the recent messages
+verbatim, a bounded summary of older turns, and pinned decisions.  Values here
+are immutable; every change produces a new value.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+ROLES = ("user", "assistant")
+PINNED_BY_PERSON = "person"
+PINNED_BY_MODEL = "model"
+
+
+def utc_now_iso() -> str:
+    """Return the current time as ISO 8601 UTC with millisecond precision, e.g. ``2026-11-30T12:00:00.000Z``."""
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def new_message_id() -> str:
+    """Return a fresh server-side message id: ``m_`` + 32 hex characters."""
+    return "m_" + uuid.uuid4().hex
+
+
+@dataclass(frozen=True)
+class ThreadMessage:
+    """One user-visible message: exactly ``{id, role, text, createdAt}``.
+
+    Attributes:
+        id: message id (client-chosen for user messages, server-chosen otherwise).
+        role: ``"user"`` or ``"assistant"``.
+        text: trimmed, non-empty text.
+        created_at: ISO 8601 UTC timestamp.
+    """
+
+    id: str
+    role: str
+    text: str
+    created_at: str
+
+    def to_dict(self) -> dict:
+        """Return the stored/wire form ``{"id", "role", "text", "createdAt"}``."""
+        return {"id": self.id, "role": self.role, "text": self.text, "createdAt": self.created_at}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ThreadMessage":
+        """Build from the stored form (validate it with ``schemas.MessageSchema`` first)."""
+        return cls(id=data["id"], role=data["role"], text=data["text"], created_at=data["createdAt"])
+
+
+@dataclass(frozen=True)
+class Pin:
+    """A pinned decision: its text and who pinned it (``"person"`` or ``"model"``).
+
+    A person's pin is kept word for word by every compaction.
+    """
+
+    text: str
+    by: str = PINNED_BY_MODEL
+
+    def to_dict(self) -> dict:
+        """Return the stored form ``{"text", "by"}``."""
+        return {"text": self.text, "by": self.by}
+
+
+@dataclass(frozen=True)
+class ThreadState:
+    """The whole memory of one thread (contract: ThreadState; acceptance P1).
+
+    Attributes:
+        messages: recent messages, oldest first; whole turns (user then assistant).
+        summary: summary of folded turns, at most ``summary_max_chars`` characters.
+        pins: pinned decisions, oldest first.
+        last_compacted_at: ISO 8601 UTC time of the last applied compaction, or None.
+        version: store version, changes on every write (0 for a thread never written).
+        gen: store generation, changes whenever summary or pins change (or on clear).
+    """
+
+    messages: tuple[ThreadMessage, ...] = ()
+    summary: str = ""
+    pins: tuple[Pin, ...] = ()
+    last_compacted_at: str | None = None
+    version: int = 0
+    gen: int = 0
+
+    @property
+    def pinned_decisions(self) -> list[str]:
+        """The pinned decisions' texts, oldest first."""
+        return [p.text for p in self.pins]
+
+    @property
+    def is_empty(self) -> bool:
+        """True when the thread holds no message, summary or pin."""
+        return not self.messages and not self.summary and not self.pins
+
+    def turns(self) -> list[tuple[ThreadMessage, ...]]:
+        """Group messages into whole turns (a user message and the assistant messages after it)."""
+        turns: list[list[ThreadMessage]] = []
+        for message in self.messages:
+            if message.role == "user" or not turns:
+                turns.append([message])
+            else:
+                turns[-1].append(message)
+        return [tuple(t) for t in turns]
+
+    def message_ids(self) -> set[str]:
+        """Ids of all stored messages."""
+        return {m.id for m in self.messages}
+
+
+EMPTY_STATE = ThreadState()

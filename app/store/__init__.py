@@ -1,0 +1,1 @@
+"""Redis persistence: key names (``keys``), the connection (``redis_client``), the thread store."""

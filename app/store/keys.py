@@ -1,0 +1,89 @@
+"""Every Redis key name of the project, built here and nowhere else.
+
+Keys of one thread share the hash tag ``{<thread hex>}``, so on Redis Cluster
+they land in one hash slot and a Lua script may touch them together.
+
+| key | type | holds |
+| --- | --- | --- |
+| ``mem:{hex}`` | hash | ``v``, ``gen``, ``messages`` (JSON), ``summary``, ``pins`` (JSON), ``lastCompactedAt`` |
+| ``mem:{hex}:compacting`` | string, NX + EX | the one pending compaction (the version it saw) |
+| ``mem:{hex}:events`` | pub/sub channel | compaction status for open sockets |
+| ``mem:{hex}:stats`` | list, capped | per-turn token accounting (numbers only) |
+| ``mem:{hex}:compactions`` | list, capped | compaction history (numbers and outcomes only) |
+| ``mem:{hex}:feedback`` | list, capped | thumbs up/down per assistant message |
+| ``run:{hex}:<run id>`` | hash | tool, agent and workflow runtime state; never read by hydration or prompts |
+"""
+
+from __future__ import annotations
+
+from app.memory.schemas import THREAD_ID_RE
+
+EVENTS_PATTERN = "mem:{*}:events"
+
+
+def thread_hex(thread_id: str) -> str:
+    """The 64-hex part of a thread id ``chat:<hex>``.
+
+    Raises:
+        ValueError: ``thread_id`` is not ``chat:`` + 64 lowercase hex characters.
+    """
+    if not THREAD_ID_RE.match(thread_id):
+        raise ValueError("not a thread id")
+    return thread_id[5:]
+
+
+class ThreadKeys:
+    """The key names of one thread.  ``ThreadKeys("chat:<hex>").state`` is ``mem:{<hex>}``."""
+
+    __slots__ = ("thread_id", "tag")
+
+    def __init__(self, thread_id: str):
+        self.thread_id = thread_id
+        self.tag = "{" + thread_hex(thread_id) + "}"
+
+    @property
+    def state(self) -> str:
+        """The ThreadState hash."""
+        return f"mem:{self.tag}"
+
+    @property
+    def compacting(self) -> str:
+        """The pending-compaction marker."""
+        return f"mem:{self.tag}:compacting"
+
+    @property
+    def events(self) -> str:
+        """The pub/sub channel of compaction status frames."""
+        return f"mem:{self.tag}:events"
+
+    @property
+    def stats(self) -> str:
+        """Per-turn token accounting."""
+        return f"mem:{self.tag}:stats"
+
+    @property
+    def compactions(self) -> str:
+        """Compaction history."""
+        return f"mem:{self.tag}:compactions"
+
+    @property
+    def feedback(self) -> str:
+        """Feedback on assistant messages."""
+        return f"mem:{self.tag}:feedback"
+
+    def run(self, run_id: str) -> str:
+        """Runtime state of one tool/agent/workflow run (never memory)."""
+        return f"run:{self.tag}:{run_id}"
+
+    def ttl_keys(self) -> list[str]:
+        """Every key a write refreshes the TTL of (the state hash first)."""
+        return [self.state, self.stats, self.compactions, self.feedback]
+
+
+def thread_id_from_events_channel(channel: str) -> str | None:
+    """Invert ``ThreadKeys.events``: ``mem:{hex}:events`` -> ``chat:hex`` (None if not such a channel)."""
+    if channel.startswith("mem:{") and channel.endswith("}:events"):
+        candidate = "chat:" + channel[5:-8]
+        if THREAD_ID_RE.match(candidate):
+            return candidate
+    return None

@@ -1,0 +1,30 @@
+-- Commit one final turn atomically (issue 2, item 5).
+-- KEYS[1] the thread hash; KEYS[2..] the thread's other keys (TTL refresh).
+-- ARGV: user message JSON, assistant message JSON, user id, assistant id,
+--       user text, assistant text, dedupe-by-text ("1"/"0"), ttl seconds.
+-- Returns {appended (1|0), version, message count}.
+local raw = redis.call('HGET', KEYS[1], 'messages')
+local messages = {}
+if raw and raw ~= '[]' then messages = cjson.decode(raw) end
+local n = #messages
+local duplicate = false
+for i = 1, n do
+  local id = messages[i]['id']
+  if id == ARGV[3] or id == ARGV[4] then duplicate = true break end
+end
+if not duplicate and ARGV[7] == '1' and n >= 2 then
+  local u, a = messages[n - 1], messages[n]
+  if u['role'] == 'user' and a['role'] == 'assistant' and u['text'] == ARGV[5] and a['text'] == ARGV[6] then
+    duplicate = true
+  end
+end
+local version = tonumber(redis.call('HGET', KEYS[1], 'v') or '0')
+if duplicate then return {0, version, n} end
+local pair = ARGV[1] .. ',' .. ARGV[2]
+local out
+if n == 0 then out = '[' .. pair .. ']' else out = string.sub(raw, 1, -2) .. ',' .. pair .. ']' end
+version = redis.call('HINCRBY', KEYS[1], 'v', 1)
+redis.call('HSET', KEYS[1], 'messages', out)
+local ttl = tonumber(ARGV[8])
+for i = 1, #KEYS do redis.call('EXPIRE', KEYS[i], ttl) end
+return {1, version, n + 2}

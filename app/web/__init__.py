@@ -1,0 +1,1 @@
+"""The web blueprint: the chat page, hydration, clearing a thread, health."""

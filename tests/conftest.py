@@ -1,0 +1,42 @@
+"""Shared fixtures: a real Redis, settings, the store.  More fixtures live in ``tests/fixtures/``."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("APP_ENV", "test")
+
+pytest_plugins = [
+    "tests.fixtures.redis_server",
+    "tests.fixtures.live_app",
+]
+
+from app.settings import MemoryLimits, Settings  # noqa: E402
+
+
+@pytest.fixture
+def settings(redis_url, tmp_path):
+    """Test settings: the test Redis, a fixed secret, a fake model name (cl100k_base tokenizer)."""
+    return Settings(
+        env="test",
+        redis_url=redis_url,
+        secret_key="t" * 64,
+        openai_api_key="test-key",
+        openai_base_url="http://127.0.0.1:9/v1",
+        chat_model="fake-chat",
+        compaction_model="fake-compact",
+        limits=MemoryLimits(),
+    )
+
+
+@pytest.fixture
+def store(settings):
+    """A ThreadStore on the flushed test database."""
+    from app.store.redis_client import make_redis
+    from app.store.thread_store import ThreadStore
+
+    client = make_redis(settings.redis_url)
+    yield ThreadStore(client, settings.limits, settings.memory_ttl_seconds)
+    client.close()
