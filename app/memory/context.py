@@ -33,12 +33,14 @@ class PromptMessage:
         content: the text sent.
         origin: which part of memory it came from: one of ``SECTIONS``.
         tokens: what it costs in the prompt, in tokens (overhead included).
+        ref: the stored message id for ``recent`` messages, else None.
     """
 
     role: str
     content: str
     origin: str
     tokens: int
+    ref: str | None = None
 
     def to_openai(self) -> dict:
         """Return ``{"role", "content"}`` for the chat completions API."""
@@ -105,8 +107,8 @@ def assemble_context(
     """
     budget = context_tokens - reserved_output_tokens
 
-    def make(role: str, content: str, origin: str) -> PromptMessage:
-        return PromptMessage(role, content, origin, counter.message(role, content))
+    def make(role: str, content: str, origin: str, ref: str | None = None) -> PromptMessage:
+        return PromptMessage(role, content, origin, counter.message(role, content), ref)
 
     head = [make("system", system_prompt, "system")]
     if state.summary:
@@ -116,7 +118,7 @@ def assemble_context(
     tail = make("user", user_text, "input")
     fixed = sum(m.tokens for m in head) + tail.tokens + REPLY_PRIMING
 
-    turns = [[make(m.role, m.text, "recent") for m in turn] for turn in state.turns()]
+    turns = [[make(m.role, m.text, "recent", m.id) for m in turn] for turn in state.turns()]
     turn_costs = [sum(m.tokens for m in turn) for turn in turns]
     # A turn without its user message (never written by this project) is not sent.
     keep_from = next((i for i, t in enumerate(turns) if t[0].role == "user"), len(turns))

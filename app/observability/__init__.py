@@ -1,0 +1,1 @@
+"""Making memory visible: per-turn token accounting, compaction history, feedback, metrics."""
