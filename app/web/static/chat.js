@@ -1,0 +1,1327 @@
+/*
+ * chat.js: the browser side of the chat page. Plain ES2020, no build step, no framework.
+ * Needs vendor/marked.umd.js and vendor/purify.min.js loaded before it (both `defer`).
+ * Assistant text is rendered as markdown through DOMPurify (raw HTML in the markdown is shown
+ * as text, images become links); user text is only ever set with textContent.
+ *
+ * ───────────────────────── What the page expects from the server ─────────────────────────
+ * All requests are same-origin with cookies (credentials: "same-origin").
+ * Error bodies of the JSON API, whenever a request fails: {"error": {"code": str, "message": str}}
+ * (the message is shown to the person as is; no other field is read).
+ *
+ * GET    /api/chat/thread
+ *   200 {"threadId": str,
+ *        "messages": [{"id": str, "role": "user"|"assistant", "text": str, "createdAt": ISO-8601}],
+ *        "summaryPreview"?: str,              // absent when the summary is empty
+ *        "pinnedDecisions": [str],            // (objects with a "text" field are tolerated)
+ *        "restored": bool}
+ * DELETE /api/chat/thread                    → 204 (anything else: error body, message shown)
+ *
+ * GET    /api/chat/stats
+ *   200 {"budget": int,                      // most prompt tokens a turn may use
+ *                                            //   (= contextTokens − reservedOutputTokens)
+ *        "contextTokens": int,               // MODEL_CONTEXT_TOKENS
+ *        "reservedOutputTokens": int,        // RESERVED_OUTPUT_TOKENS
+ *        "turns": [{"messageId": str, "status": "completed"|"blocked"|"cancelled"|"failed",
+ *                   "promptTokens": int,
+ *                   "sections": {"system": int, "summary": int, "pins": int, "recent": int, "input": int},
+ *                   "completionTokens": int, "firstTokenMs": int|null, "at": ISO-8601}],   // oldest first
+ *        "compactions": [{"at": ISO-8601, "outcome": "applied"|"stale"|"failed",
+ *                         "reason"?: str,    // a category, e.g. "timeout", "invalid_output"
+ *                         "turnsFolded": int, "tokensBefore": int, "tokensAfter": int,
+ *                         "summaryChars": int, "pinsCount": int,
+ *                         "factRetention": number (0..1) | null, "durationMs": int}],     // oldest first
+ *        "lastPrompt": [{"origin": "system"|"summary"|"pins"|"recent"|"input",
+ *                        "role": "system"|"user"|"assistant", "tokens": int, "text": str}]}
+ *   Any failure (404 while not built, 5xx, network): the panels say "not available"; nothing breaks.
+ *
+ * POST   /api/chat/pins      body {"text": str}  or  {"messageId": str}
+ *   201 {"pinnedDecisions": [str]}
+ *   400/409 {"error": {"code", "message"}}   (e.g. empty, too long, limit reached, unknown message)
+ * DELETE /api/chat/pins/<n>  (n = 1-based position in pinnedDecisions)
+ *   200 {"pinnedDecisions": [str]}            (404/400 with an error body when n is out of range)
+ *
+ * POST   /api/chat/feedback  body {"messageId": str, "rating": "up"|"down", "reason"?: str}
+ *   201 (body ignored). The page may send a second POST for the same message (the person changes
+ *   the rating, or adds a reason after a thumbs-down): the server should keep the latest one.
+ *
+ * WebSocket ws(s)://<host><script root>/ws/chat  (contract.md)
+ *   sends    {"type":"message","id":<client uuid>,"text":str}   {"type":"cancel"}
+ *   receives {"type":"start","messageId"}  {"type":"delta","text"}
+ *            {"type":"tool","name","arguments","result","status":"started"|"finished", "id"?}
+ *            {"type":"progress","stage","message"?}
+ *            {"type":"memory","status":"started"|"succeeded"|"failed","message"?}
+ *            {"type":"done","status":"completed"|"blocked"|"cancelled"|"failed","messageId"}
+ *            {"type":"error","code","message"}
+ *   Unknown frame types are ignored.
+ */
+(() => {
+  "use strict";
+
+  // ───────────────────────────── configuration ─────────────────────────────
+  const body = document.body;
+  const ROOT = (body.dataset.root || "").replace(/\/+$/, "");
+  const MAX_INPUT = parseInt(body.dataset.maxInputChars, 10) || 12000;
+  const API = {
+    thread: ROOT + "/api/chat/thread",
+    stats: ROOT + "/api/chat/stats",
+    pins: ROOT + "/api/chat/pins",
+    feedback: ROOT + "/api/chat/feedback",
+  };
+  const WS_URL = (location.protocol === "https:" ? "wss://" : "ws://") + location.host + ROOT + "/ws/chat";
+  const BACKOFF_MS = [1000, 2000, 4000, 8000, 15000];
+  const SECTIONS = ["system", "summary", "pins", "recent", "input"];
+  const SECTION_LABELS = { system: "System", summary: "Summary", pins: "Pins", recent: "Recent turns", input: "New input" };
+  const FEEDBACK_REASONS = ["forgot something I said", "incorrect", "not helpful"];
+  const nf = new Intl.NumberFormat();
+
+  // ───────────────────────────── elements ─────────────────────────────
+  const $ = (id) => document.getElementById(id);
+  const el = {
+    messages: $("messages"),
+    empty: $("empty-state"),
+    composer: $("composer"),
+    input: $("message-input"),
+    send: $("send"),
+    stop: $("stop"),
+    charCount: $("char-count"),
+    newChat: $("new-chat"),
+    connection: document.querySelector('[data-testid="connection"]'),
+    connectionText: document.querySelector('[data-testid="connection"] .connection-text'),
+    banner: $("banner"),
+    bannerText: document.querySelector("#banner .banner-text"),
+    retryNow: $("retry-now"),
+    memoryHint: document.querySelector('[data-testid="memory-hint"]'),
+    memoryToggle: $("memory-toggle"),
+    panel: $("memory-panel"),
+    backdrop: $("drawer-backdrop"),
+    drawerClose: $("drawer-close"),
+    summary: $("summary"),
+    pins: $("pins"),
+    pinsEmpty: $("pins-empty"),
+    pinsCount: $("pins-count"),
+    pinForm: $("pin-form"),
+    pinInput: $("pin-input"),
+    pinAdd: $("pin-add"),
+    pinError: $("pin-error"),
+    meter: $("context-meter"),
+    chart: $("token-chart"),
+    compactions: $("compactions"),
+    compactionsEmpty: $("compactions-empty"),
+    inspector: $("inspector"),
+    inspectorBody: $("inspector-body"),
+    toast: $("toast"),
+    srStatus: $("sr-status"),
+    dismissNotice: $("dismiss-notice"),
+  };
+
+  // ───────────────────────────── small helpers ─────────────────────────────
+  /** Build an element. Text goes in through textContent only. */
+  function h(tag, attrs, ...children) {
+    const node = document.createElement(tag);
+    if (attrs) {
+      for (const [k, v] of Object.entries(attrs)) {
+        if (v === undefined || v === null || v === false) continue;
+        if (k === "class") node.className = v;
+        else if (k === "text") node.textContent = v;
+        else if (k === "dataset") Object.assign(node.dataset, v);
+        else if (k.startsWith("on") && typeof v === "function") node.addEventListener(k.slice(2), v);
+        else node.setAttribute(k, v === true ? "" : String(v));
+      }
+    }
+    for (const c of children) {
+      if (c === undefined || c === null || c === false) continue;
+      node.append(c instanceof Node ? c : document.createTextNode(String(c)));
+    }
+    return node;
+  }
+
+  const SVG_NS = "http://www.w3.org/2000/svg";
+  function s(tag, attrs) {
+    const node = document.createElementNS(SVG_NS, tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (k === "text") node.textContent = v;
+      else node.setAttribute(k, String(v));
+    }
+    return node;
+  }
+
+  // Tiny stroke icons drawn here (emoji fonts are not everywhere).
+  const ICONS = {
+    pin: ["M9 3h6l-1 6 3 3v2H7v-2l3-3z", "M12 14v7"],
+    up: ["M7 11v9H3v-9z", "M7 11l4-8c1.6 0 2.6 1.2 2.3 2.8L12.6 10H19a2 2 0 0 1 2 2.3l-1.2 6A2 2 0 0 1 17.8 20H7"],
+  };
+  function icon(name, flip) {
+    const svg = s("svg", { viewBox: "0 0 24 24", width: 16, height: 16, "aria-hidden": "true", focusable: "false", class: "icon" });
+    if (flip) svg.classList.add("flip");
+    for (const d of ICONS[name]) {
+      svg.append(s("path", { d, fill: "none", stroke: "currentColor", "stroke-width": 1.8, "stroke-linejoin": "round", "stroke-linecap": "round" }));
+    }
+    return svg;
+  }
+
+  function uuid() {
+    if (window.crypto && typeof crypto.randomUUID === "function") return crypto.randomUUID();
+    // crypto.randomUUID needs a secure context; getRandomValues does not.
+    const b = new Uint8Array(16);
+    crypto.getRandomValues(b);
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    const hex = Array.from(b, (x) => x.toString(16).padStart(2, "0")).join("");
+    return `${hex.slice(0, 8)}-${hex.slice(8, 12)}-${hex.slice(12, 16)}-${hex.slice(16, 20)}-${hex.slice(20)}`;
+  }
+
+  const num = (v) => (typeof v === "number" && Number.isFinite(v) ? v : 0);
+  const fmt = (v) => nf.format(Math.round(num(v)));
+  const str = (v) => (typeof v === "string" ? v : "");
+  /** Length in code points, as the server (Python) counts it. */
+  function charLength(t) {
+    let n = 0;
+    for (const _ of t) n += 1; // eslint-disable-line no-unused-vars
+    return n;
+  }
+
+  function fmtTime(iso, withDate) {
+    const d = new Date(iso);
+    if (Number.isNaN(d.getTime())) return "";
+    const opts = withDate ? { month: "short", day: "numeric", hour: "2-digit", minute: "2-digit" }
+      : { hour: "2-digit", minute: "2-digit" };
+    return d.toLocaleString(undefined, opts);
+  }
+
+  function fmtMs(ms) {
+    if (typeof ms !== "number" || !Number.isFinite(ms)) return "–";
+    return ms < 1000 ? `${Math.round(ms)} ms` : `${(ms / 1000).toFixed(1)} s`;
+  }
+
+  /** Anything (string, object, number) as readable text, bounded. */
+  function display(value, limit = 4000) {
+    let text;
+    if (value === undefined) return "";
+    if (typeof value === "string") {
+      text = value;
+      try { // pretty-print JSON strings
+        const parsed = JSON.parse(value);
+        if (parsed && typeof parsed === "object") text = JSON.stringify(parsed, null, 2);
+      } catch (_) { /* plain text */ }
+    } else {
+      try { text = JSON.stringify(value, null, 2); } catch (_) { text = String(value); }
+    }
+    if (text === undefined) text = String(value);
+    return text.length > limit ? text.slice(0, limit) + "\n… (truncated)" : text;
+  }
+
+  function announce(text) {
+    el.srStatus.textContent = "";
+    // a fresh text node so repeated messages are announced again
+    setTimeout(() => { el.srStatus.textContent = text; }, 30);
+  }
+
+  let toastTimer = 0;
+  function toast(text, kind) {
+    el.toast.textContent = text;
+    el.toast.dataset.kind = kind || "info";
+    el.toast.hidden = false;
+    clearTimeout(toastTimer);
+    toastTimer = setTimeout(() => { el.toast.hidden = true; }, 5000);
+  }
+
+  /** fetch JSON; resolves {ok, status, data, message}; never rejects. */
+  async function api(method, url, payload) {
+    const init = { method, credentials: "same-origin", headers: { Accept: "application/json" } };
+    if (payload !== undefined) {
+      init.headers["Content-Type"] = "application/json";
+      init.body = JSON.stringify(payload);
+    }
+    let res;
+    try {
+      res = await fetch(url, init);
+    } catch (_) {
+      return { ok: false, status: 0, data: null, message: "Can't reach the server." };
+    }
+    let data = null;
+    if (res.status !== 204) {
+      try { data = await res.json(); } catch (_) { data = null; }
+    }
+    let message = "";
+    if (!res.ok) {
+      const e = data && typeof data === "object" ? data.error : null;
+      message = (e && typeof e.message === "string" && e.message) || `The server answered ${res.status}.`;
+    }
+    return { ok: res.ok, status: res.status, data, message };
+  }
+
+  // ───────────────────────────── markdown (safe) ─────────────────────────────
+  const hasMarkdown = typeof window.marked !== "undefined" && typeof window.DOMPurify !== "undefined" &&
+    typeof window.DOMPurify.sanitize === "function" && window.DOMPurify.isSupported !== false;
+
+  function escapeHtml(t) {
+    return String(t).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
+  }
+
+  const PURIFY_CONFIG = {
+    USE_PROFILES: { html: true },
+    FORBID_TAGS: ["style", "img", "svg", "math", "form", "input", "button", "textarea", "select", "option",
+      "iframe", "frame", "object", "embed", "video", "audio", "source", "picture", "link", "meta", "base", "template"],
+    FORBID_ATTR: ["style", "id", "name", "srcset", "action", "formaction"],
+    ALLOW_DATA_ATTR: false,
+    SANITIZE_NAMED_PROPS: true,
+    RETURN_DOM_FRAGMENT: true,
+  };
+
+  if (hasMarkdown) {
+    window.marked.use({
+      gfm: true,
+      breaks: true,
+      async: false,
+      renderer: {
+        // Raw HTML in a message is shown as text, never interpreted.
+        html(token) {
+          const text = escapeHtml(token.text || token.raw || "");
+          return token.block ? `<p>${text.replace(/\n+$/, "").replace(/\n/g, "<br>")}</p>\n` : text;
+        },
+        // Images are not loaded (no tracking pixels, no exfiltration): they become plain links.
+        image(token) {
+          const label = "image: " + (token.text || token.href || "");
+          return `<a href="${escapeHtml(token.href || "")}">${escapeHtml(label)}</a>`;
+        },
+      },
+    });
+    window.DOMPurify.addHook("afterSanitizeAttributes", (node) => {
+      if (node.nodeName === "A") {
+        if (node.hasAttribute("href")) {
+          node.setAttribute("target", "_blank");
+          node.setAttribute("rel", "noopener noreferrer");
+        } else {
+          node.removeAttribute("target");
+        }
+      }
+    });
+  }
+
+  /** Render assistant markdown into node, safely. */
+  function renderMarkdown(node, text) {
+    if (!hasMarkdown) { // vendor scripts missing: plain text is always safe
+      node.textContent = text;
+      return;
+    }
+    try {
+      const html = window.marked.parse(text);
+      node.replaceChildren(window.DOMPurify.sanitize(html, PURIFY_CONFIG));
+    } catch (_) {
+      node.textContent = text;
+    }
+  }
+
+  // ───────────────────────────── state ─────────────────────────────
+  const state = {
+    ws: null,
+    wsOpen: false,
+    everConnected: false,
+    attempt: 0,
+    reconnectTimer: 0,
+    countdownTimer: 0,
+    reconnectAt: 0,
+    lastFetchFailed: false,
+    turn: null, // the turn in flight: {clientId, text, userEl, botEl, messageId, answer, started, stopping, tools:[], stages:[]}
+    serverIds: new Set(), // ids of messages known to be in server memory
+    threadSeq: 0,
+    msgSeq: 0,
+    statsSeq: 0,
+    pins: [],
+    rafPending: false,
+    feedback: new Map(), // messageId -> "up" | "down"
+  };
+
+  // ───────────────────────────── message bubbles ─────────────────────────────
+  function updateEmpty() {
+    el.empty.hidden = !!el.messages.querySelector('[data-testid="message"]');
+  }
+
+  function nearBottom() {
+    const m = el.messages;
+    return m.scrollHeight - m.scrollTop - m.clientHeight < 80;
+  }
+
+  function scrollToBottom(force) {
+    if (force || state.stickToBottom) el.messages.scrollTop = el.messages.scrollHeight;
+  }
+  el.messages.addEventListener("scroll", () => { state.stickToBottom = nearBottom(); }, { passive: true });
+  state.stickToBottom = true;
+
+  /**
+   * A bubble. opts: {id, role, text, createdAt, local, turn, anchor}
+   * local bubbles are created by this page (a turn it sent); server bubbles come from /api/chat/thread.
+   */
+  function makeBubble(opts) {
+    const role = opts.role === "user" ? "user" : "assistant";
+    const article = h("article", {
+      class: `msg msg-${role}`,
+      "data-testid": "message",
+      "data-role": role,
+      "data-message-id": opts.id || "",
+      "aria-label": role === "user" ? "You" : "Assistant",
+    });
+    if (opts.local) {
+      article.dataset.local = "1";
+      article.dataset.turn = opts.turn || "";
+      article.dataset.anchor = opts.anchor || "";
+    }
+    const inner = h("div", { class: "bubble" });
+    if (role === "assistant") inner.append(h("div", { class: "tools" })); // tool cards; progress goes before it
+    const content = h("div", { class: role === "assistant" ? "content markdown" : "content plain" });
+    if (role === "assistant") {
+      if (opts.text) renderMarkdown(content, opts.text);
+    } else {
+      content.textContent = opts.text || "";
+    }
+    inner.append(content);
+    article.append(inner);
+    const foot = h("div", { class: "msg-foot" });
+    foot.append(h("span", { class: "note" }));
+    if (opts.createdAt) {
+      foot.append(h("time", { datetime: opts.createdAt, title: new Date(opts.createdAt).toLocaleString(), text: fmtTime(opts.createdAt) }));
+    }
+    foot.append(h("span", { class: "actions" }));
+    article.append(foot);
+    article._text = opts.text || "";
+    return article;
+  }
+
+  function bubbleParts(article) {
+    return {
+      content: article.querySelector(".content"),
+      progress: article.querySelector('[data-testid="progress"]'),
+      bubble: article.querySelector(".bubble"),
+      tools: article.querySelector(".tools"),
+      note: article.querySelector(".msg-foot .note"),
+      actions: article.querySelector(".msg-foot .actions"),
+    };
+  }
+
+  /** Pin / thumbs buttons for a settled message. */
+  function addActions(article) {
+    const { actions } = bubbleParts(article);
+    actions.replaceChildren();
+    const role = article.dataset.role;
+    actions.append(h("button", {
+      type: "button", class: "icon-btn", "data-testid": "pin-message",
+      title: "Pin this as a decision", "aria-label": "Pin this message as a decision",
+      onclick: () => pinFromMessage(article),
+    }, icon("pin")));
+    if (role === "assistant" && article.dataset.messageId) {
+      const current = state.feedback.get(article.dataset.messageId);
+      const up = h("button", {
+        type: "button", class: "icon-btn", "data-testid": "thumb-up", title: "Good answer",
+        "aria-label": "Good answer", "aria-pressed": current === "up" ? "true" : "false",
+        onclick: () => sendFeedback(article, "up"),
+      }, icon("up"));
+      const down = h("button", {
+        type: "button", class: "icon-btn", "data-testid": "thumb-down", title: "Bad answer",
+        "aria-label": "Bad answer", "aria-pressed": current === "down" ? "true" : "false",
+        onclick: () => sendFeedback(article, "down"),
+      }, icon("up", true));
+      actions.append(up, down);
+    }
+  }
+
+  function setNote(article, text, kind) {
+    const { note } = bubbleParts(article);
+    note.textContent = text || "";
+    note.dataset.kind = kind || "";
+  }
+
+  function appendBubble(article) {
+    el.messages.append(article);
+    updateEmpty();
+  }
+
+  function lastMessageId() {
+    const all = el.messages.querySelectorAll('[data-testid="message"]');
+    return all.length ? all[all.length - 1].dataset.messageId : "";
+  }
+
+  /** Re-render the conversation from server memory, keeping this page's own unsaved bubbles. */
+  function renderThread(messages) {
+    const list = Array.isArray(messages) ? messages : [];
+    const ids = new Set();
+    const fresh = [];
+    for (const m of list) {
+      if (!m || typeof m !== "object" || typeof m.text !== "string") continue;
+      const id = str(m.id);
+      ids.add(id);
+      const b = makeBubble({ id, role: m.role, text: m.text, createdAt: str(m.createdAt) });
+      b.dataset.saved = "1";
+      addActions(b);
+      fresh.push(b);
+    }
+    // Local bubbles survive unless server memory now holds their turn.
+    const inFlight = state.turn ? state.turn.clientId : null;
+    const keep = [];
+    for (const b of el.messages.querySelectorAll('[data-testid="message"][data-local="1"]')) {
+      const turnId = b.dataset.turn;
+      const botId = b.dataset.botId || (b.dataset.role === "assistant" ? b.dataset.messageId : "");
+      const confirmed = turnId !== inFlight && botId && ids.has(botId);
+      if (!confirmed) keep.push(b);
+    }
+    for (const b of el.messages.querySelectorAll('[data-testid="message"]')) b.remove();
+    for (const b of fresh) el.messages.append(b);
+    for (const b of keep) {
+      const anchor = b.dataset.anchor
+        ? el.messages.querySelector(`[data-testid="message"][data-message-id="${CSS.escape(b.dataset.anchor)}"]`)
+        : null;
+      if (anchor) {
+        // after the anchor and any local bubbles already placed after it
+        let after = anchor;
+        while (after.nextElementSibling && after.nextElementSibling.dataset.local === "1" &&
+          after.nextElementSibling.dataset.anchor === b.dataset.anchor) after = after.nextElementSibling;
+        after.after(b);
+      } else if (!b.dataset.anchor) {
+        const first = el.messages.querySelector('[data-testid="message"]');
+        if (first && !first.dataset.local) el.messages.insertBefore(b, first); else el.messages.append(b);
+      } else {
+        el.messages.append(b);
+      }
+    }
+    state.serverIds = ids;
+    updateEmpty();
+  }
+
+  // ───────────────────────────── memory panel ─────────────────────────────
+  function renderSummary(preview) {
+    if (typeof preview === "string" && preview.trim()) {
+      el.summary.textContent = preview;
+      el.summary.classList.remove("muted");
+    } else {
+      el.summary.textContent = "No summary yet";
+      el.summary.classList.add("muted");
+    }
+  }
+
+  function pinText(p) {
+    if (typeof p === "string") return p;
+    if (p && typeof p === "object" && typeof p.text === "string") return p.text;
+    return "";
+  }
+
+  function renderPins(pins) {
+    state.pins = Array.isArray(pins) ? pins.map(pinText).filter(Boolean) : [];
+    el.pins.replaceChildren();
+    state.pins.forEach((text, i) => {
+      const n = i + 1;
+      el.pins.append(h("li", { class: "pin", "data-testid": "pin" },
+        h("span", { class: "pin-text", text }),
+        h("button", {
+          type: "button", class: "icon-btn unpin", "data-testid": "unpin", "data-index": n,
+          title: "Unpin", "aria-label": `Unpin decision ${n}`, onclick: () => unpin(n),
+        }, "✕")));
+    });
+    el.pinsEmpty.hidden = state.pins.length > 0;
+    el.pins.hidden = state.pins.length === 0;
+    el.pinsCount.textContent = state.pins.length ? `(${state.pins.length})` : "";
+  }
+
+  function showPinError(text) {
+    el.pinError.textContent = text || "";
+    el.pinError.hidden = !text;
+  }
+
+  // Context meter: the last turn's prompt tokens, by section, against the prompt budget.
+  function renderMeter(stats) {
+    const turns = Array.isArray(stats.turns) ? stats.turns : [];
+    const budget = num(stats.budget) || (num(stats.contextTokens) - num(stats.reservedOutputTokens));
+    const last = turns.length ? turns[turns.length - 1] : null;
+    el.meter.replaceChildren();
+    if (!last || budget <= 0) {
+      el.meter.append(h("p", { class: "muted", text: budget > 0 ? `No turns yet · budget ${fmt(budget)} tokens` : "No turns yet." }));
+      return;
+    }
+    const sections = last.sections && typeof last.sections === "object" ? last.sections : {};
+    const used = num(last.promptTokens) || SECTIONS.reduce((a, k) => a + num(sections[k]), 0);
+    const pct = Math.round((used / budget) * 100);
+    const bar = h("div", {
+      class: "meter-bar", role: "img",
+      "aria-label": `Context ${pct}% full: ${fmt(used)} of ${fmt(budget)} prompt tokens. ` +
+        SECTIONS.map((k) => `${SECTION_LABELS[k]} ${fmt(sections[k])}`).join(", "),
+    });
+    for (const k of SECTIONS) {
+      const v = num(sections[k]);
+      if (v <= 0) continue;
+      const seg = h("span", { class: `seg seg-${k}`, title: `${SECTION_LABELS[k]}: ${fmt(v)} tokens`, "data-section": k });
+      seg.style.width = `${Math.min(100, (v / budget) * 100)}%`;
+      bar.append(seg);
+    }
+    el.meter.append(
+      h("div", { class: "meter-head" },
+        h("strong", { text: `${fmt(used)} / ${fmt(budget)}` }), " prompt tokens ",
+        h("span", { class: pct >= 90 ? "pct warn" : "pct", text: `(${pct}%)` })),
+      bar,
+      h("ul", { class: "legend" }, ...SECTIONS.map((k) => h("li", null,
+        h("span", { class: `swatch seg-${k}`, "aria-hidden": "true" }),
+        `${SECTION_LABELS[k]} `, h("span", { class: "legend-num", text: fmt(sections[k]) })))),
+      h("p", { class: "muted small", text:
+        `+ ${fmt(stats.reservedOutputTokens)} reserved for the answer · window ${fmt(stats.contextTokens)}` +
+        (last.completionTokens !== undefined ? ` · last answer ${fmt(last.completionTokens)} tokens` : "") +
+        (typeof last.firstTokenMs === "number" ? ` · first token ${fmtMs(last.firstTokenMs)}` : "") }),
+    );
+  }
+
+  // Chart: prompt tokens per turn, stacked by section, with the budget line and compaction markers.
+  function renderChart(stats) {
+    const turns = (Array.isArray(stats.turns) ? stats.turns : []).slice(-40);
+    const budget = num(stats.budget) || (num(stats.contextTokens) - num(stats.reservedOutputTokens));
+    el.chart.replaceChildren();
+    if (!turns.length) {
+      el.chart.append(h("p", { class: "muted", text: "No turns yet." }));
+      return;
+    }
+    const W = 300, H = 110, padL = 4, padR = 4, padT = 8, padB = 14;
+    // scale to the turns (so small prompts stay visible); the budget line is drawn when it is in range
+    const peak = Math.max(...turns.map((t) => num(t.promptTokens)), 1);
+    const maxTok = budget > 0 && budget <= peak * 1.6 ? Math.max(budget, peak) * 1.08 : peak * 1.25;
+    const innerW = W - padL - padR, innerH = H - padT - padB;
+    const slot = innerW / Math.max(turns.length, 8);
+    const barW = Math.max(2, slot * 0.7);
+    const y = (v) => padT + innerH - (v / maxTok) * innerH;
+    const svg = s("svg", { viewBox: `0 0 ${W} ${H}`, class: "chart-svg", role: "img",
+      "aria-label": `Prompt tokens for the last ${turns.length} turns; latest ${fmt(turns[turns.length - 1].promptTokens)}` +
+        (budget ? ` of a ${fmt(budget)} token budget` : "") });
+    svg.append(s("line", { x1: padL, x2: W - padR, y1: padT + innerH, y2: padT + innerH, class: "axis" }));
+    turns.forEach((t, i) => {
+      const x = padL + i * slot + (slot - barW) / 2;
+      const g = s("g", { class: `bar status-${str(t.status) || "completed"}` });
+      const sec = t.sections && typeof t.sections === "object" ? t.sections : {};
+      let acc = 0;
+      const secSum = SECTIONS.reduce((a, k) => a + num(sec[k]), 0);
+      if (secSum > 0) {
+        for (const k of SECTIONS) {
+          const v = num(sec[k]);
+          if (v <= 0) continue;
+          g.append(s("rect", { x, width: barW, y: y(acc + v), height: Math.max(0.5, y(acc) - y(acc + v)), class: `seg-${k}` }));
+          acc += v;
+        }
+      } else {
+        const v = num(t.promptTokens);
+        g.append(s("rect", { x, width: barW, y: y(v), height: Math.max(0.5, y(0) - y(v)), class: "seg-recent" }));
+      }
+      g.append(s("title", { text:
+        `Turn ${i + 1} (${str(t.status) || "?"}) · ${fmtTime(t.at, true)}\n` +
+        `${fmt(t.promptTokens)} prompt tokens: ` + SECTIONS.map((k) => `${k} ${fmt(sec[k])}`).join(", ") +
+        `\n${fmt(t.completionTokens)} completion tokens · first token ${fmtMs(t.firstTokenMs)}` }));
+      svg.append(g);
+    });
+    // compaction markers: a small triangle before the first turn after an applied compaction
+    const comps = Array.isArray(stats.compactions) ? stats.compactions : [];
+    for (const c of comps) {
+      if (c.outcome !== "applied") continue;
+      const at = Date.parse(c.at);
+      if (Number.isNaN(at)) continue;
+      const idx = turns.findIndex((t) => Date.parse(t.at) > at);
+      if (idx <= 0) continue;
+      const x = padL + idx * slot;
+      const m = s("path", { d: `M${x - 3} ${H - 1} L${x + 3} ${H - 1} L${x} ${H - 6} Z`, class: "marker" });
+      m.append(s("title", { text: `Compaction applied ${fmtTime(c.at, true)}` }));
+      svg.append(m);
+    }
+    if (budget > 0 && budget <= maxTok) {
+      svg.append(s("line", { x1: padL, x2: W - padR, y1: y(budget), y2: y(budget), class: "budget" }));
+      svg.append(s("text", { x: W - padR, y: y(budget) - 2, class: "budget-label", "text-anchor": "end", text: `budget ${fmt(budget)}` }));
+    }
+    svg.append(s("text", { x: padL, y: padT - 1, class: "budget-label", text: `max ${fmt(peak)}` +
+      (budget > maxTok ? ` · budget ${fmt(budget)} (off the scale)` : "") }));
+    el.chart.append(svg);
+  }
+
+  function renderCompactions(stats) {
+    const all = Array.isArray(stats.compactions) ? stats.compactions : [];
+    const comps = all.slice(-5).reverse();
+    el.compactions.replaceChildren();
+    for (const c of comps) {
+      const outcome = ["applied", "stale", "failed"].includes(c.outcome) ? c.outcome : "unknown";
+      const bits = [
+        `${fmt(c.turnsFolded)} turn${num(c.turnsFolded) === 1 ? "" : "s"} folded`,
+        `${fmt(c.tokensBefore)} → ${fmt(c.tokensAfter)} tokens`,
+        `summary ${fmt(c.summaryChars)} chars`,
+        `${fmt(c.pinsCount)} pins`,
+      ];
+      if (typeof c.factRetention === "number") bits.push(`facts kept ${Math.round(c.factRetention * 100)}%`);
+      bits.push(fmtMs(c.durationMs));
+      el.compactions.append(h("li", { class: "compaction", "data-outcome": outcome },
+        h("div", { class: "compaction-head" },
+          h("span", { class: `badge badge-${outcome}`, text: outcome + (c.reason ? ` · ${str(c.reason)}` : "") }),
+          h("time", { datetime: str(c.at), text: fmtTime(c.at, true) })),
+        h("div", { class: "muted small", text: bits.join(" · ") })));
+    }
+    if (all.length > comps.length) {
+      el.compactions.append(h("li", { class: "muted small", text: `+ ${fmt(all.length - comps.length)} earlier` }));
+    }
+    el.compactionsEmpty.hidden = comps.length > 0;
+    el.compactions.hidden = comps.length === 0;
+  }
+
+  function renderInspector(stats) {
+    const prompt = Array.isArray(stats.lastPrompt) ? stats.lastPrompt : [];
+    el.inspectorBody.replaceChildren();
+    if (!prompt.length) {
+      el.inspectorBody.append(h("p", { class: "muted", text: "Nothing yet." }));
+      return;
+    }
+    const total = prompt.reduce((a, m) => a + num(m && m.tokens), 0);
+    el.inspectorBody.append(h("p", { class: "muted small", text: `${prompt.length} messages · ${fmt(total)} tokens, in the order the model received them` }));
+    const ol = h("ol", { class: "inspector-list" });
+    for (const m of prompt) {
+      if (!m || typeof m !== "object") continue;
+      const origin = SECTIONS.includes(m.origin) ? m.origin : "other";
+      const text = str(m.text);
+      const pre = h("pre", { class: "inspector-text" });
+      pre.textContent = text.length > 6000 ? text.slice(0, 6000) + "\n… (truncated)" : text;
+      ol.append(h("li", { class: "inspector-item", "data-origin": origin },
+        h("div", { class: "inspector-head" },
+          h("span", { class: `badge origin seg-${origin}`, text: origin }),
+          h("span", { class: "muted small", text: `${str(m.role) || "?"} · ${fmt(m.tokens)} tokens` })),
+        pre));
+    }
+    el.inspectorBody.append(ol);
+  }
+
+  function renderStatsUnavailable() {
+    for (const node of [el.meter, el.chart]) {
+      node.replaceChildren(h("p", { class: "muted", text: "Not available." }));
+    }
+  }
+
+  // ───────────────────────────── data loading ─────────────────────────────
+  /** GET /api/chat/thread; messages=true re-renders the conversation too. */
+  async function loadThread({ messages = true, forceScroll = false } = {}) {
+    // Two counters: a newer panel-only load must not swallow an older full render.
+    const seq = ++state.threadSeq;
+    const msgSeq = messages ? ++state.msgSeq : state.msgSeq;
+    const r = await api("GET", API.thread);
+    const latest = seq === state.threadSeq;
+    const latestMessages = messages && msgSeq === state.msgSeq;
+    if (!latest && !latestMessages) return false; // newer loads are on their way
+    if (!r.ok || !r.data || typeof r.data !== "object") {
+      state.lastFetchFailed = true;
+      if (!state.wsOpen) updateBanner();
+      else toast(r.message || "Couldn't load the conversation.", "error");
+      return false;
+    }
+    state.lastFetchFailed = false;
+    updateBanner();
+    const d = r.data;
+    if (latestMessages && !state.turn) {
+      renderThread(d.messages);
+      scrollToBottom(forceScroll);
+    } else if (latest && Array.isArray(d.messages)) {
+      state.serverIds = new Set(d.messages.map((m) => m && m.id));
+    }
+    if (latest) {
+      renderSummary(d.summaryPreview);
+      renderPins(d.pinnedDecisions);
+    }
+    return true;
+  }
+
+  async function loadStats() {
+    const seq = ++state.statsSeq;
+    const r = await api("GET", API.stats);
+    if (seq !== state.statsSeq) return;
+    if (!r.ok || !r.data || typeof r.data !== "object") {
+      renderStatsUnavailable();
+      return;
+    }
+    const stats = r.data;
+    for (const [fn, name] of [[renderMeter, "meter"], [renderChart, "chart"], [renderCompactions, "compactions"], [renderInspector, "inspector"]]) {
+      try { fn(stats); } catch (err) { console.warn(`stats ${name} could not be drawn`, err); }
+    }
+  }
+
+  function refreshMemory() {
+    loadThread({ messages: false });
+    loadStats();
+  }
+
+  // ───────────────────────────── connection ─────────────────────────────
+  function setConnection(stateName, text) {
+    el.connection.dataset.state = stateName;
+    el.connectionText.textContent = text;
+  }
+
+  function updateBanner() {
+    if (state.wsOpen && !state.lastFetchFailed) {
+      el.banner.hidden = true;
+      return;
+    }
+    if (state.wsOpen && state.lastFetchFailed) {
+      el.bannerText.textContent = "Can't load the conversation from the server.";
+      el.banner.hidden = false;
+      return;
+    }
+    if (!state.reconnectAt) {
+      el.banner.hidden = true;
+      return;
+    }
+    const secs = Math.max(0, Math.ceil((state.reconnectAt - Date.now()) / 1000));
+    const unreachable = state.lastFetchFailed || state.attempt >= 2 || !state.everConnected;
+    const base = unreachable ? "Can't reach the server. Reconnecting" : "Reconnecting";
+    el.bannerText.textContent = secs > 0 ? `${base} in ${secs} s…` : `${base}…`;
+    el.banner.hidden = false;
+  }
+
+  function scheduleReconnect() {
+    clearTimeout(state.reconnectTimer);
+    clearInterval(state.countdownTimer);
+    const delay = BACKOFF_MS[Math.min(state.attempt, BACKOFF_MS.length - 1)];
+    state.attempt += 1;
+    state.reconnectAt = Date.now() + delay;
+    setConnection(state.everConnected ? "reconnecting" : "offline", state.everConnected ? "Reconnecting…" : "Offline");
+    updateBanner();
+    state.countdownTimer = setInterval(updateBanner, 1000);
+    state.reconnectTimer = setTimeout(connect, delay);
+  }
+
+  function reconnectNow() {
+    if (state.wsOpen) return;
+    clearTimeout(state.reconnectTimer);
+    clearInterval(state.countdownTimer);
+    if (state.ws && state.ws.readyState === WebSocket.CONNECTING) return;
+    connect();
+  }
+
+  function connect() {
+    clearTimeout(state.reconnectTimer);
+    clearInterval(state.countdownTimer);
+    state.reconnectAt = 0;
+    if (!state.everConnected) setConnection("connecting", "Connecting…");
+    else { setConnection("reconnecting", "Reconnecting…"); el.bannerText.textContent = "Reconnecting…"; }
+    let ws;
+    try {
+      ws = new WebSocket(WS_URL);
+    } catch (_) {
+      scheduleReconnect();
+      return;
+    }
+    state.ws = ws;
+    ws.addEventListener("open", () => {
+      if (state.ws !== ws) return;
+      const wasReconnect = state.everConnected;
+      state.wsOpen = true;
+      state.everConnected = true;
+      state.attempt = 0;
+      state.reconnectAt = 0;
+      setConnection("connected", "Connected");
+      updateBanner();
+      updateComposer();
+      // the view must match server memory (a turn may have been committed while we were away)
+      loadThread({ forceScroll: !wasReconnect }).then(() => { if (wasReconnect) loadStats(); });
+      if (!wasReconnect) loadStats();
+    });
+    ws.addEventListener("message", (ev) => {
+      if (state.ws !== ws) return;
+      if (typeof ev.data !== "string") return;
+      let frame;
+      try { frame = JSON.parse(ev.data); } catch (_) { return; }
+      if (!frame || typeof frame !== "object") return;
+      try { handleFrame(frame); } catch (err) { console.error("frame handling failed", err); }
+    });
+    ws.addEventListener("close", () => {
+      if (state.ws !== ws) return;
+      state.ws = null;
+      state.wsOpen = false;
+      if (state.turn) endTurn("interrupted");
+      if (el.memoryHint.dataset.status === "started") el.memoryHint.hidden = true; // its outcome may be missed
+      updateComposer();
+      scheduleReconnect();
+    });
+    ws.addEventListener("error", () => { /* a close event follows */ });
+  }
+
+  function sendFrame(obj) {
+    if (!state.ws || state.ws.readyState !== WebSocket.OPEN) return false;
+    try { state.ws.send(JSON.stringify(obj)); return true; } catch (_) { return false; }
+  }
+
+  // ───────────────────────────── turns ─────────────────────────────
+  function updateComposer() {
+    const len = charLength(el.input.value);
+    const busy = !!state.turn;
+    el.send.hidden = busy;
+    el.stop.hidden = !busy;
+    el.stop.disabled = busy && !!state.turn.stopping;
+    el.stop.textContent = busy && state.turn.stopping ? "Stopping…" : "Stop";
+    const tooLong = len > MAX_INPUT;
+    el.send.disabled = busy || !state.wsOpen || tooLong || el.input.value.trim() === "";
+    el.send.title = !state.wsOpen ? "Not connected" : tooLong ? "Message too long" : "";
+    if (len >= MAX_INPUT * 0.8) {
+      el.charCount.hidden = false;
+      el.charCount.textContent = `${fmt(len)} / ${fmt(MAX_INPUT)}`;
+      el.charCount.classList.toggle("over", tooLong);
+    } else {
+      el.charCount.hidden = true;
+    }
+  }
+
+  function autosize() {
+    el.input.style.height = "auto";
+    el.input.style.height = Math.min(el.input.scrollHeight, Math.max(120, window.innerHeight * 0.35)) + "px";
+  }
+
+  function sendMessage(textArg) {
+    const text = (textArg !== undefined ? textArg : el.input.value).trim();
+    if (!text || state.turn) return;
+    if (charLength(text) > MAX_INPUT) {
+      toast(`That message is too long (${fmt(charLength(text))} characters; the limit is ${fmt(MAX_INPUT)}).`, "error");
+      return;
+    }
+    if (!state.wsOpen) {
+      toast("Not connected — your message wasn't sent.", "error");
+      return;
+    }
+    const clientId = uuid();
+    if (!sendFrame({ type: "message", id: clientId, text })) {
+      toast("Not connected — your message wasn't sent.", "error");
+      return;
+    }
+    const anchor = lastMessageId();
+    const userEl = makeBubble({ id: clientId, role: "user", text, local: true, turn: clientId, anchor, createdAt: new Date().toISOString() });
+    const botEl = makeBubble({ id: "", role: "assistant", text: "", local: true, turn: clientId, anchor: clientId });
+    botEl.classList.add("streaming");
+    botEl.setAttribute("aria-busy", "true");
+    bubbleParts(botEl).content.append(h("span", { class: "typing" },
+      h("i"), h("i"), h("i"), h("span", { class: "visually-hidden", text: "Waiting for the answer" })));
+    appendBubble(userEl);
+    appendBubble(botEl);
+    state.turn = { clientId, text, userEl, botEl, messageId: "", answer: "", started: false, stopping: false, tools: [], stages: [] };
+    if (textArg === undefined) {
+      el.input.value = "";
+      autosize();
+    }
+    updateComposer();
+    scrollToBottom(true);
+    state.stickToBottom = true;
+  }
+
+  function stopTurn() {
+    const t = state.turn;
+    if (!t || t.stopping) return;
+    t.stopping = true;
+    if (!sendFrame({ type: "cancel" })) endTurn("interrupted");
+    updateComposer();
+  }
+
+  function scheduleRender() {
+    if (state.rafPending) return;
+    state.rafPending = true;
+    requestAnimationFrame(() => {
+      state.rafPending = false;
+      const t = state.turn;
+      if (!t) return;
+      renderMarkdown(bubbleParts(t.botEl).content, t.answer);
+      scrollToBottom(false);
+    });
+  }
+
+  /** Settle the turn in flight. outcome: completed | blocked | cancelled | failed | interrupted | rejected */
+  function endTurn(outcome) {
+    const t = state.turn;
+    if (!t) return;
+    state.turn = null;
+    const bot = t.botEl;
+    bot.classList.remove("streaming");
+    bot.removeAttribute("aria-busy");
+    bot.dataset.status = outcome;
+    const parts = bubbleParts(bot);
+    // close any tool card still running
+    for (const card of bot.querySelectorAll('[data-testid="tool-card"][data-status="started"]')) {
+      card.dataset.status = outcome === "completed" || outcome === "blocked" ? "finished" : "stopped";
+      const st = card.querySelector(".tool-status");
+      if (st) st.textContent = card.dataset.status === "finished" ? "done" : "stopped";
+    }
+    const prog = parts.progress;
+    if (prog) prog.dataset.done = "1";
+    bot._text = t.answer;
+    if (t.answer) renderMarkdown(parts.content, t.answer);
+    else parts.content.replaceChildren();
+
+    if (outcome === "completed" || outcome === "blocked") {
+      if (!t.answer) parts.content.append(h("p", { class: "muted", text: "(no answer)" }));
+      bot.dataset.kept = "true";
+      t.userEl.dataset.kept = "true";
+      bot.dataset.botId = t.messageId;
+      t.userEl.dataset.botId = t.messageId;
+      if (outcome === "blocked") setNote(bot, "blocked", "blocked");
+      addActions(bot);
+      addActions(t.userEl);
+      announce(outcome === "blocked" ? "The answer was blocked." : "Answer complete.");
+    } else {
+      const label = {
+        cancelled: "stopped — not saved to memory",
+        failed: "failed — not saved",
+        interrupted: "interrupted — not saved",
+        rejected: "not sent",
+      }[outcome] || "not saved";
+      bot.dataset.kept = "false";
+      t.userEl.dataset.kept = "false";
+      if (!t.answer && outcome !== "rejected") {
+        parts.content.append(h("p", { class: "muted", text: outcome === "cancelled" ? "(stopped before any answer)" : "(no answer)" }));
+      }
+      if (outcome === "rejected") {
+        bot.remove(); // the reason is shown as a chat error
+        setNote(t.userEl, "not sent", "unsaved");
+      } else {
+        setNote(bot, label, "unsaved");
+        setNote(t.userEl, "not saved", "unsaved");
+      }
+      const retry = h("button", {
+        type: "button", class: "btn btn-small btn-ghost", "data-testid": "retry",
+        onclick: () => {
+          if (state.turn) return;
+          el.input.value = t.text;
+          autosize();
+          updateComposer();
+          el.input.focus();
+        },
+      }, "Edit & resend");
+      bubbleParts(outcome === "rejected" ? t.userEl : bot).actions.replaceChildren(retry);
+      announce(outcome === "rejected" ? "The message was not sent." : `The answer ${label}.`);
+    }
+    updateEmpty();
+    updateComposer();
+    scrollToBottom(false);
+  }
+
+  // ───────────────────────────── tool and progress frames (display only) ─────────────────────────────
+  function botForFrame() {
+    return state.turn ? state.turn.botEl : null;
+  }
+
+  function handleTool(f) {
+    const bot = botForFrame();
+    if (!bot) return;
+    const tools = bubbleParts(bot).tools;
+    const name = typeof f.name === "string" && f.name ? f.name : "tool";
+    const status = f.status === "finished" ? "finished" : f.status === "started" ? "started" : str(f.status) || "started";
+    const callId = typeof f.id === "string" || typeof f.id === "number" ? String(f.id)
+      : typeof f.callId === "string" ? f.callId : "";
+    let card = null;
+    const cards = Array.from(tools.querySelectorAll('[data-testid="tool-card"]'));
+    if (callId) card = cards.find((c) => c.dataset.callId === callId) || null;
+    if (!card && status !== "started") {
+      card = cards.reverse().find((c) => c.dataset.name === name && c.dataset.status === "started") || null;
+    }
+    if (!card) {
+      card = h("details", { class: "tool-card", "data-testid": "tool-card" },
+        h("summary", null,
+          h("span", { class: "tool-kind", text: "tool" }),
+          h("span", { class: "tool-name" }),
+          h("span", { class: "tool-status" })),
+        h("div", { class: "tool-body" }));
+      card.dataset.callId = callId;
+      tools.append(card);
+    }
+    card.dataset.name = name;
+    card.dataset.status = status;
+    card.querySelector(".tool-name").textContent = name;
+    card.querySelector(".tool-status").textContent = status === "started" ? "running…" : status === "finished" ? "done" : status;
+    const bodyEl = card.querySelector(".tool-body");
+    if (f.arguments !== undefined) card._args = f.arguments;
+    if (f.result !== undefined) card._result = f.result;
+    bodyEl.replaceChildren();
+    if (card._args !== undefined) {
+      bodyEl.append(h("div", { class: "tool-label", text: "Arguments" }), h("pre", { text: display(card._args) }));
+    }
+    if (card._result !== undefined) {
+      bodyEl.append(h("div", { class: "tool-label", text: "Result" }), h("pre", { text: display(card._result) }));
+    }
+    if (card._args === undefined && card._result === undefined) {
+      bodyEl.append(h("p", { class: "muted small", text: "No details." }));
+    }
+    scrollToBottom(false);
+  }
+
+  function handleProgress(f) {
+    const bot = botForFrame();
+    if (!bot) return;
+    const t = state.turn;
+    const parts = bubbleParts(bot);
+    let prog = parts.progress;
+    if (!prog) {
+      prog = h("div", { class: "progress", "data-testid": "progress" });
+      parts.bubble.prepend(prog);
+    }
+    const stage = typeof f.stage === "string" && f.stage ? f.stage : "working";
+    if (!t.stages.includes(stage)) t.stages.push(stage);
+    prog.dataset.stage = stage;
+    prog.replaceChildren();
+    const ol = h("ol", { class: "stages", "aria-label": "Progress" });
+    t.stages.forEach((st) => {
+      const current = st === stage;
+      ol.append(h("li", { class: current ? "stage current" : "stage", "aria-current": current ? "step" : null, text: st }));
+    });
+    prog.append(ol);
+    if (typeof f.message === "string" && f.message) prog.append(h("span", { class: "stage-message", text: f.message }));
+  }
+
+  // ───────────────────────────── memory hint ─────────────────────────────
+  let hintTimer = 0;
+  function handleMemory(f) {
+    const status = str(f.status);
+    const defaults = { started: "Compacting memory…", succeeded: "Memory compacted", failed: "Memory compaction failed; it will be retried" };
+    const text = (typeof f.message === "string" && f.message.trim()) || defaults[status] || "Memory updated";
+    el.memoryHint.textContent = text;
+    el.memoryHint.dataset.status = status || "info";
+    el.memoryHint.hidden = false;
+    clearTimeout(hintTimer);
+    // "started" waits for its outcome, but not forever (the outcome frame can be missed on a reconnect)
+    hintTimer = setTimeout(() => { el.memoryHint.hidden = true; }, status === "started" ? 90000 : 6000);
+    if (status === "succeeded") refreshMemory();
+    else if (status === "failed") loadStats();
+  }
+
+  // ───────────────────────────── frames ─────────────────────────────
+  function handleFrame(f) {
+    const t = state.turn;
+    switch (f.type) {
+      case "start": {
+        if (!t) return; // a turn this page no longer waits for
+        t.started = true;
+        t.messageId = str(f.messageId);
+        t.botEl.dataset.messageId = t.messageId;
+        t.userEl.dataset.botId = t.messageId;
+        t.botEl.dataset.botId = t.messageId;
+        break;
+      }
+      case "delta": {
+        if (!t || typeof f.text !== "string") return;
+        t.answer += f.text;
+        scheduleRender();
+        break;
+      }
+      case "tool":
+        handleTool(f);
+        break;
+      case "progress":
+        handleProgress(f);
+        break;
+      case "memory":
+        handleMemory(f);
+        break;
+      case "done": {
+        const status = str(f.status);
+        if (t && (!f.messageId || !t.messageId || f.messageId === t.messageId)) {
+          endTurn(["completed", "blocked", "cancelled", "failed"].includes(status) ? status : "failed");
+        }
+        if (status === "completed" || status === "blocked") {
+          loadThread({ messages: true });
+          loadStats();
+        } else {
+          refreshMemory();
+        }
+        break;
+      }
+      case "error": {
+        const message = typeof f.message === "string" && f.message ? f.message : "Something went wrong.";
+        if (t && !t.started) {
+          // the server refused the message before the turn began
+          endTurn("rejected");
+          if (!el.input.value) { el.input.value = t.text; autosize(); updateComposer(); }
+        }
+        showChatError(message);
+        break;
+      }
+      default:
+        break; // unknown frames are ignored
+    }
+  }
+
+  function showChatError(message) {
+    const note = h("p", { class: "chat-error", role: "alert", "data-testid": "chat-error", text: message });
+    el.messages.append(note);
+    scrollToBottom(true);
+    setTimeout(() => { note.classList.add("fade"); }, 8000);
+    setTimeout(() => { note.remove(); }, 9000);
+  }
+
+  // ───────────────────────────── pins and feedback ─────────────────────────────
+  async function addPin(payload, fromMessage) {
+    const r = await api("POST", API.pins, payload);
+    if (r.ok && r.data && Array.isArray(r.data.pinnedDecisions)) {
+      renderPins(r.data.pinnedDecisions);
+      showPinError("");
+      announce("Pinned.");
+      if (fromMessage) toast("Pinned to memory.");
+      loadStats();
+      return true;
+    }
+    const message = r.message || "Couldn't pin that.";
+    showPinError(message);
+    if (fromMessage) toast(message, "error");
+    return false;
+  }
+
+  function pinFromMessage(article) {
+    const id = article.dataset.messageId;
+    // a message the server holds is pinned by id (the server takes its stored text); others by text
+    const inMemory = id && (state.serverIds.has(id) || (article.dataset.role === "assistant" && article.dataset.kept === "true"));
+    if (inMemory) addPin({ messageId: id }, true);
+    else addPin({ text: article._text || article.querySelector(".content").textContent }, true);
+  }
+
+  async function unpin(n) {
+    const r = await api("DELETE", `${API.pins}/${encodeURIComponent(n)}`);
+    if (r.ok && r.data && Array.isArray(r.data.pinnedDecisions)) {
+      renderPins(r.data.pinnedDecisions);
+      showPinError("");
+      announce("Unpinned.");
+      loadStats();
+    } else {
+      showPinError(r.message || "Couldn't unpin that.");
+      loadThread({ messages: false });
+    }
+  }
+
+  async function sendFeedback(article, rating, reason) {
+    const messageId = article.dataset.messageId;
+    if (!messageId) return;
+    const payload = { messageId, rating };
+    if (reason) payload.reason = reason;
+    const r = await api("POST", API.feedback, payload);
+    if (!r.ok) {
+      toast(r.message || "Couldn't send the feedback.", "error");
+      return;
+    }
+    state.feedback.set(messageId, rating);
+    for (const b of article.querySelectorAll('[data-testid="thumb-up"], [data-testid="thumb-down"]')) {
+      b.setAttribute("aria-pressed", b.dataset.testid === `thumb-${rating}` ? "true" : "false");
+    }
+    const old = article.querySelector(".reasons");
+    if (old) old.remove();
+    if (rating === "down" && !reason) {
+      const row = h("div", { class: "reasons", role: "group", "aria-label": "What went wrong? (optional)" },
+        h("span", { class: "muted small", text: "What went wrong?" }),
+        ...FEEDBACK_REASONS.map((rs) => h("button", {
+          type: "button", class: "chip", "data-testid": "feedback-reason",
+          onclick: () => sendFeedback(article, "down", rs),
+        }, rs)));
+      article.querySelector(".msg-foot").after(row);
+    } else {
+      announce("Thanks for the feedback.");
+      if (reason) toast("Thanks, noted.");
+    }
+  }
+
+  // ───────────────────────────── new chat ─────────────────────────────
+  async function newChat() {
+    if (!window.confirm("Start a new chat? The conversation, its summary and its pinned decisions will be forgotten.")) return;
+    if (state.turn) {
+      sendFrame({ type: "cancel" });
+      endTurn("cancelled");
+    }
+    el.newChat.disabled = true;
+    const r = await api("DELETE", API.thread);
+    el.newChat.disabled = false;
+    if (!r.ok) {
+      toast(r.message || "Couldn't start a new chat.", "error");
+      return;
+    }
+    for (const node of el.messages.querySelectorAll('[data-testid="message"], .chat-error')) node.remove();
+    state.serverIds = new Set();
+    state.feedback.clear();
+    updateEmpty();
+    renderSummary(undefined);
+    renderPins([]);
+    announce("New chat started.");
+    refreshMemory();
+    el.input.focus();
+  }
+
+  // ───────────────────────────── drawer (narrow screens) ─────────────────────────────
+  const narrow = window.matchMedia("(max-width: 899px)");
+  function setDrawer(open) {
+    el.panel.classList.toggle("open", open);
+    el.backdrop.hidden = !open;
+    el.memoryToggle.setAttribute("aria-expanded", String(open));
+    if (narrow.matches) {
+      if (open) {
+        el.panel.setAttribute("role", "dialog");
+        el.panel.setAttribute("aria-modal", "true");
+        el.drawerClose.focus();
+      } else {
+        el.panel.removeAttribute("role");
+        el.panel.removeAttribute("aria-modal");
+      }
+    }
+  }
+  function syncDrawerMode() {
+    if (!narrow.matches) {
+      el.panel.classList.remove("open");
+      el.panel.removeAttribute("role");
+      el.panel.removeAttribute("aria-modal");
+      el.panel.removeAttribute("inert");
+      el.backdrop.hidden = true;
+      el.memoryToggle.setAttribute("aria-expanded", "true");
+    } else {
+      el.memoryToggle.setAttribute("aria-expanded", String(el.panel.classList.contains("open")));
+    }
+  }
+
+  // ───────────────────────────── wiring ─────────────────────────────
+  el.composer.addEventListener("submit", (e) => { e.preventDefault(); sendMessage(); });
+  el.input.addEventListener("keydown", (e) => {
+    if (e.key === "Enter" && !e.shiftKey && !e.isComposing && e.keyCode !== 229) {
+      e.preventDefault();
+      if (!state.turn) sendMessage();
+    }
+  });
+  el.input.addEventListener("input", () => { autosize(); updateComposer(); });
+  el.stop.addEventListener("click", stopTurn);
+  el.newChat.addEventListener("click", newChat);
+  el.retryNow.addEventListener("click", () => {
+    if (state.wsOpen) loadThread(); else { state.attempt = 0; reconnectNow(); }
+  });
+  el.pinForm.addEventListener("submit", async (e) => {
+    e.preventDefault();
+    const text = el.pinInput.value.trim();
+    if (!text) { showPinError("Type a decision to pin."); return; }
+    el.pinAdd.disabled = true;
+    const ok = await addPin({ text }, false);
+    el.pinAdd.disabled = false;
+    if (ok) el.pinInput.value = "";
+  });
+  el.memoryToggle.addEventListener("click", () => {
+    if (!narrow.matches) { el.panel.scrollIntoView({ block: "nearest" }); return; }
+    setDrawer(!el.panel.classList.contains("open"));
+  });
+  el.drawerClose.addEventListener("click", () => { setDrawer(false); el.memoryToggle.focus(); });
+  el.backdrop.addEventListener("click", () => setDrawer(false));
+  document.addEventListener("keydown", (e) => {
+    if (e.key === "Escape" && narrow.matches && el.panel.classList.contains("open")) {
+      setDrawer(false);
+      el.memoryToggle.focus();
+    }
+  });
+  if (narrow.addEventListener) narrow.addEventListener("change", syncDrawerMode);
+  if (el.dismissNotice) {
+    el.dismissNotice.addEventListener("click", () => { el.dismissNotice.closest(".notice").hidden = true; });
+  }
+  el.memoryHint.addEventListener("click", () => { if (narrow.matches) setDrawer(true); });
+  document.addEventListener("visibilitychange", () => {
+    if (document.visibilityState === "visible" && !state.wsOpen) { state.attempt = 0; reconnectNow(); }
+  });
+  window.addEventListener("online", () => { if (!state.wsOpen) { state.attempt = 0; reconnectNow(); } });
+
+  const fullPlaceholder = el.input.getAttribute("placeholder") || "";
+  function syncPlaceholder() { el.input.setAttribute("placeholder", narrow.matches ? "Message…" : fullPlaceholder); }
+  if (narrow.addEventListener) narrow.addEventListener("change", syncPlaceholder);
+
+  // ───────────────────────────── start ─────────────────────────────
+  syncPlaceholder();
+  syncDrawerMode();
+  renderPins([]);
+  renderCompactions({});
+  updateComposer();
+  autosize();
+  loadThread({ forceScroll: true });
+  connect();
+  el.input.focus();
+})();
