@@ -3,8 +3,9 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+LOCAL_STAMP := $(VENV)/.installed-local
 
-.PHONY: run test install bench clean
+.PHONY: run test install model bench replay clean
 
 $(STAMP): requirements.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -12,13 +13,21 @@ $(STAMP): requirements.txt
 	$(BIN)/python -m pip install -r requirements.txt
 	touch $(STAMP)
 
-install: $(STAMP)
+$(LOCAL_STAMP): $(STAMP) requirements-local.txt
+	@echo "llama-cpp-python: the first install compiles llama.cpp (about 5 minutes on 2 cores); pip caches it afterwards"
+	$(BIN)/python -m pip install -r requirements-local.txt
+	touch $(LOCAL_STAMP)
 
-test: $(STAMP)
-	$(BIN)/python -m pytest
+install: $(LOCAL_STAMP)
 
-run: $(STAMP)
+model: $(LOCAL_STAMP)
+	$(BIN)/python scripts/local_model.py fetch
+
+run: model
 	$(BIN)/python scripts/dev.py
+
+test: model
+	$(BIN)/python -m pytest
 
 bench: $(STAMP)
 	$(BIN)/python bench/hot_path.py
