@@ -53,12 +53,47 @@ def _flag(env: dict, name: str) -> bool:
     return env.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
 
 
+def mask_url(url: str) -> str:
+    """``url`` with any password (everything between the user name and ``@``) replaced by ``***``.
+
+    Works on malformed URLs too, so a message about a bad URL never shows its password::
+
+        mask_url("rediss://:s3cret@host:6380")      == "rediss://:***@host:6380"
+        mask_url("redis://user:s3cret@host/0")      == "redis://user:***@host/0"
+        mask_url("redis://s3cret@host")             == "redis://***@host"   (a lone token may be a password)
+    """
+    head, at, rest = url.rpartition("@")
+    if not at:
+        return url
+    scheme, slashes, userinfo = head.rpartition("//")
+    user, colon, _password = userinfo.partition(":")
+    return f"{scheme}{slashes}{user + ':***' if colon else '***'}@{rest}"
+
+
 def _check_url(name: str, url: str, schemes: set[str]) -> str:
+    """Raise ``ConfigError`` (password masked) unless ``url`` has one of ``schemes``, a host and a valid port."""
+    allowed = " or ".join(sorted(f"{s}://" for s in schemes))
     parsed = urlparse(url)
-    if parsed.scheme not in schemes or not parsed.hostname:
-        allowed = ", ".join(sorted(f"{s}://" for s in schemes))
-        raise ConfigError(f"{name} must be a URL starting with {allowed} and naming a host, got {url!r}")
+    if parsed.scheme not in schemes or not parsed.hostname or any(c.isspace() for c in url):
+        raise ConfigError(f"{name} is not a valid URL ({mask_url(url)!r}): set {name} to a URL starting "
+                          f"with {allowed} that names a host")
+    try:
+        parsed.port  # raises ValueError for a non-numeric or out-of-range port
+    except ValueError:
+        raise ConfigError(f"{name} has an invalid port ({mask_url(url)!r}): set {name} with a port "
+                          "between 1 and 65535") from None
+    if parsed.scheme in {"redis", "rediss"} and parsed.path.strip("/") and not parsed.path.strip("/").isdigit():
+        raise ConfigError(f"{name} has an invalid database number ({mask_url(url)!r}): the path must be "
+                          "empty or /<number>, for example redis://host:6379/0")
     return url
+
+
+def _compaction_strategy(env: dict) -> str:
+    """``COMPACTION_STRATEGY``: ``llm`` (default) or ``extractive`` (no model call; issue 4 item 7)."""
+    value = (env.get("COMPACTION_STRATEGY") or "llm").strip().lower() or "llm"
+    if value not in {"llm", "extractive"}:
+        raise ConfigError(f"COMPACTION_STRATEGY must be llm or extractive, got {value!r}")
+    return value
 
 
 def _dev_secret_key() -> str:
@@ -129,11 +164,21 @@ class Settings:
     llm_turn_timeout: float = 60.0
     llm_max_retries: int = 2
     compaction_time_limit: int = 120
+    # Compaction (issue 4): strategy, the model call's timeout (seconds), bounded retries with
+    # exponential backoff (base seconds), and an optional broker visibility timeout (seconds; 0 = derived).
+    compaction_strategy: str = "llm"
+    compaction_llm_timeout: float = 90.0
+    compaction_max_retries: int = 3
+    compaction_retry_backoff: float = 10.0
+    compaction_visibility_timeout: int = 0
     web_threads: int = 64
     redis_socket_timeout: float = 2.0
     debug_log_content: bool = False
     bundled_model: bool = False
     metrics_token: str | None = None
+    # Issue 6: offer the built-in tools to the chat model (TOOLS_ENABLED, default on; "0"/"false"/"no"/"off"
+    # turn them off).  A provider that rejects tools gets plain chat whatever this says.
+    tools_enabled: bool = True
 
     @property
     def production(self) -> bool:
@@ -170,20 +215,26 @@ class Settings:
             name = "REDIS_TLS_URL" if env.get("REDIS_TLS_URL") else "REDIS_URL"
             _check_url(name, redis_url, {"redis", "rediss", "unix"} - {"unix"})
         elif production:
-            raise ConfigError("REDIS_URL must be set in production (for example redis://host:6379/0)")
+            raise ConfigError("REDIS_URL is not set: set REDIS_TLS_URL or REDIS_URL in production "
+                              "(for example rediss://:password@host:6380)")
         else:
             redis_url = DEV_REDIS_URL
 
         secret = env.get("SECRET_KEY", "").strip()
         if production and len(secret) < 32:
-            raise ConfigError("SECRET_KEY must be set to at least 32 characters in production "
-                              "(for example: python -c 'import secrets; print(secrets.token_hex(32))')")
+            raise ConfigError(("SECRET_KEY is not set" if not secret else "SECRET_KEY is too short") +
+                              ": set SECRET_KEY to at least 32 random characters in production "
+                              "(python -c 'import secrets; print(secrets.token_hex(32))')")
         if not secret:
             secret = _dev_secret_key()
 
         base_url = (env.get("OPENAI_BASE_URL") or "").strip() or None
         if base_url:
             _check_url("OPENAI_BASE_URL", base_url, {"http", "https"})
+        elif production and not (env.get("OPENAI_API_KEY") or "").strip():
+            # No model process runs in production: without a provider every turn would fail.
+            raise ConfigError("OPENAI_API_KEY is not set: set OPENAI_API_KEY (and OPENAI_BASE_URL for a "
+                              "provider other than OpenAI) in production")
 
         context_tokens = _int(env, "MODEL_CONTEXT_TOKENS", 8192, minimum=256)
         reserved = _int(env, "RESERVED_OUTPUT_TOKENS", 1024, minimum=1)
@@ -231,9 +282,15 @@ class Settings:
             llm_turn_timeout=_float(env, "LLM_TURN_TIMEOUT_SECONDS", 60.0),
             llm_max_retries=_int(env, "LLM_MAX_RETRIES", 2),
             compaction_time_limit=_int(env, "COMPACTION_TIME_LIMIT_SECONDS", 120, minimum=5),
+            compaction_strategy=_compaction_strategy(env),
+            compaction_llm_timeout=_float(env, "COMPACTION_LLM_TIMEOUT_SECONDS", 90.0),
+            compaction_max_retries=_int(env, "COMPACTION_MAX_RETRIES", 3),
+            compaction_retry_backoff=_float(env, "COMPACTION_RETRY_BACKOFF_SECONDS", 10.0),
+            compaction_visibility_timeout=_int(env, "COMPACTION_VISIBILITY_TIMEOUT_SECONDS", 0),
             web_threads=_int(env, "WEB_THREADS", 64, minimum=1),
             redis_socket_timeout=_float(env, "REDIS_SOCKET_TIMEOUT_SECONDS", 2.0),
             debug_log_content=_flag(env, "MEMORY_DEBUG_LOG_CONTENT"),
             bundled_model=_flag(env, "BUNDLED_MODEL"),
             metrics_token=(env.get("METRICS_TOKEN") or "").strip() or None,
+            tools_enabled=env.get("TOOLS_ENABLED", "").strip().lower() not in {"0", "false", "no", "off"},
         )

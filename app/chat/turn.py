@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from app.extensions import Services
-from app.llm.client import StreamStats
+from app.llm.client import CancelEvent, StreamStats
 from app.llm.provider import LLMError
 from app.memory.context import AssembledContext, assemble_context
 from app.memory.final_turn import FinalTurn, TurnRejected
@@ -107,7 +107,8 @@ class TurnIO:
     Attributes:
         services, thread_id, text (the person's input), state (ThreadState read at the
         start), context (assembled prompt), cancelled (``threading.Event``), deadline
-        (``time.monotonic()`` seconds), stats (``StreamStats`` to fill).
+        (``time.monotonic()`` seconds), stats (``StreamStats`` to fill), message_id and
+        user_id (the ids the turn writes its final turn with).
     """
 
     def __init__(self, turn: "Turn", context: AssembledContext, deadline: float):
@@ -121,6 +122,7 @@ class TurnIO:
         self.deadline = deadline
         self.stats = turn.outcome.stats
         self.message_id = turn.message_id
+        self.user_id = turn.user_id  # the user message id the turn will write (issue 6: runs record it)
         self.pieces: list[str] = []
 
     def delta(self, text: str) -> bool:
@@ -174,7 +176,7 @@ class Turn:
         self.producer = producer or ChatProducer()
         self.user_id = client_id or new_message_id()
         self.message_id = new_message_id()
-        self.cancelled = threading.Event()
+        self.cancelled = CancelEvent()  # setting it also shuts the upstream connection down
         self.state = ThreadState()
         self._lock = threading.Lock()
         self._phase = STREAMING

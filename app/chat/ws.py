@@ -22,6 +22,8 @@ from app.chat.frames import CancelFrame, FrameError, parse_frame
 from app.chat.turn import Turn
 from app.extensions import services
 from app.memory.context import ContextTooLong
+from app.observability.metrics import websocket_closed, websocket_opened
+from app.runtime.producers import CommandError, choose_producer
 from app.store.redis_client import make_redis
 from app.web.identity import current_thread_id
 
@@ -69,6 +71,7 @@ def chat_socket(ws):
     hub = event_hub()
     hub.register(thread_id, writer.send)
     turn: Turn | None = None
+    websocket_opened()
     try:
         while True:
             data = ws.receive()
@@ -84,7 +87,12 @@ def chat_socket(ws):
             if turn is not None and turn.active:
                 writer.error("turn_in_progress", "Please wait for the current answer, or stop it first.")
                 continue
-            turn = Turn(svc, writer, thread_id, frame.text, frame.client_id)
+            try:  # issue 6: /tasklist, /delivery, a confirmation, or chat (with tools when on)
+                producer = choose_producer(svc, thread_id, frame.text)
+            except CommandError as exc:
+                writer.error(exc.code, exc.message)
+                continue
+            turn = Turn(svc, writer, thread_id, frame.text, frame.client_id, producer=producer)
             try:
                 context = turn.prepare()
             except ContextTooLong:
@@ -95,6 +103,7 @@ def chat_socket(ws):
     except ConnectionClosed:
         pass
     finally:
+        websocket_closed()
         hub.unregister(thread_id, writer.send)
         writer.closed = True
         if turn is not None:

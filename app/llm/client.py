@@ -10,13 +10,14 @@ a message for people, no exception text).
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Iterator
 
 import openai
-from tenacity import RetryError, Retrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_exponential
+from tenacity import RetryError, Retrying, retry_if_exception, stop_after_attempt, stop_before_delay, wait_exponential
 
 from app.llm.provider import LLMError, make_openai_client, map_error
 from app.settings import Settings
@@ -47,6 +48,76 @@ def _retryable(exc: BaseException) -> bool:
     return map_error(exc).retryable
 
 
+class CancelEvent(threading.Event):
+    """A ``threading.Event`` that also runs callbacks when set.
+
+    ``stream_chat`` registers one that shuts the upstream connection down, so a cancel stops the
+    provider at once, even while the reading thread is blocked waiting for the first token or in
+    a stall (with a plain ``Event`` the stream is only closed when the next chunk arrives).
+    """
+
+    def __init__(self):
+        super().__init__()
+        self._callbacks: list = []
+        self._callbacks_lock = threading.Lock()
+
+    def set(self) -> None:
+        super().set()
+        with self._callbacks_lock:
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception:
+                log.debug("cancel callback failed", exc_info=True)
+
+    def add_callback(self, callback) -> None:
+        """Run ``callback()`` when the event is set (at once when it already is)."""
+        with self._callbacks_lock:
+            if not self.is_set():
+                self._callbacks.append(callback)
+                return
+        callback()
+
+    def remove_callback(self, callback) -> None:
+        """Forget ``callback`` (the stream it would close has ended)."""
+        with self._callbacks_lock:
+            if callback in self._callbacks:
+                self._callbacks.remove(callback)
+
+
+def _upstream_aborter(stream):
+    """A callable that shuts the stream's TCP connection down from any thread: a blocked read returns at
+    once and the provider sees the client go away (closing the response alone does not wake a blocked read)."""
+    def abort() -> None:
+        network_stream = stream.response.extensions.get("network_stream")
+        sock = network_stream.get_extra_info("socket") if network_stream is not None else None
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+    return abort
+
+
+def mapped_error(exc: BaseException) -> LLMError:
+    """``map_error`` plus what the runtime needs to recognise an unsupported feature.
+
+    Sets ``status_code`` (the provider's HTTP status or None) and ``provider_message`` (the
+    provider's error text, at most 500 characters).  Both are for logs and capability
+    detection (for example a 400 that names ``tools``); never shown to people.
+    """
+    err = map_error(exc)
+    if getattr(err, "status_code", None) is None:
+        err.status_code = getattr(exc, "status_code", None)
+        body = getattr(exc, "body", None)
+        detail = body.get("message") if isinstance(body, dict) else None
+        if isinstance(body, dict) and isinstance(body.get("error"), dict):
+            detail = body["error"].get("message")
+        err.provider_message = str(detail or getattr(exc, "message", "") or "")[:500]
+    return err
+
+
 class LLMClient:
     """The chat model of the deployment (``CHAT_MODEL`` at ``OPENAI_BASE_URL``).
 
@@ -63,12 +134,22 @@ class LLMClient:
         read = min(self.settings.llm_read_timeout, remaining)
         return openai.Timeout(read, connect=min(self.settings.llm_connect_timeout, remaining))
 
-    def _open(self, messages: list[dict], model: str, deadline: float, stats: StreamStats, extra: dict):
-        """Open a stream and read up to its first text delta; returns ``(stream, iterator, first_pieces)``."""
+    def _open(self, messages: list[dict], model: str, deadline: float, stats: StreamStats, extra: dict,
+              cancelled: threading.Event):
+        """Open a stream and read up to its first text delta; returns ``(stream, iterator, first_pieces, abort)``.
+
+        ``abort`` is the callback registered on ``cancelled`` (a ``CancelEvent``), or None.
+        """
+        if cancelled.is_set():
+            raise LLMError("llm_unavailable", "The turn was cancelled.", "cancelled", False)
         stats.attempts += 1
         stream = self.client.chat.completions.create(
             model=model, messages=messages, stream=True, stream_options={"include_usage": True},
             timeout=self._timeout(deadline), **extra)
+        abort = None
+        if isinstance(cancelled, CancelEvent):
+            abort = _upstream_aborter(stream)
+            cancelled.add_callback(abort)
         iterator = iter(stream)
         pending = []
         try:
@@ -77,9 +158,11 @@ class LLMClient:
                 if any(c.delta and (c.delta.content or c.delta.tool_calls) for c in chunk.choices):
                     break
         except BaseException:
+            if abort is not None:
+                cancelled.remove_callback(abort)
             stream.close()
             raise
-        return stream, iterator, pending
+        return stream, iterator, pending, abort
 
     def stream_chat(self, messages: list[dict], *, cancelled: threading.Event, deadline: float,
                     stats: StreamStats, model: str | None = None, **extra) -> Iterator[openai.types.chat.ChatCompletionChunk]:
@@ -91,25 +174,30 @@ class LLMClient:
             deadline: ``time.monotonic()`` after which the turn fails (``llm_unavailable``).
             stats: filled with usage, first-token time and attempts.
             model: overrides ``CHAT_MODEL``.
-            extra: further chat-completion arguments (for example ``tools``).
+            extra: further chat-completion arguments (for example ``tools``, ``tool_choice``);
+                the chunks then carry ``delta.tool_calls`` too.
 
         Raises:
-            LLMError: the provider failed, timed out, or the deadline passed.
+            LLMError: the provider failed, timed out, or the deadline passed (with ``status_code``
+                and ``provider_message`` set, see ``mapped_error``).
         """
         model = model or self.settings.chat_model
         retrying = Retrying(
             stop=stop_after_attempt(1 + self.settings.llm_max_retries)
-            | stop_after_delay(max(0.0, deadline - time.monotonic() - 1)),
+            # stop_before_delay counts the coming backoff: no attempt starts later than 1 s before the deadline
+            | stop_before_delay(max(0.0, deadline - time.monotonic() - 1)),
             wait=wait_exponential(multiplier=0.25, max=2),
-            retry=retry_if_exception(_retryable),
+            retry=retry_if_exception(lambda exc: not cancelled.is_set() and _retryable(exc)),
             reraise=True,
         )
         try:
-            stream, iterator, pending = retrying(self._open, messages, model, deadline, stats, extra)
+            stream, iterator, pending, abort = retrying(self._open, messages, model, deadline, stats, extra, cancelled)
         except RetryError as exc:  # pragma: no cover - reraise=True makes this unreachable
-            raise map_error(exc.last_attempt.exception()) from None
+            raise mapped_error(exc.last_attempt.exception()) from None
         except Exception as exc:
-            raise map_error(exc) from None
+            if cancelled.is_set():
+                return  # cancelled while connecting: the connection is already shut down
+            raise mapped_error(exc) from None
         try:
             for chunk in self._chunks(pending, iterator, cancelled, deadline):
                 if chunk.usage:
@@ -124,8 +212,12 @@ class LLMClient:
         except LLMError:
             raise
         except Exception as exc:
-            raise map_error(exc) from None
+            if cancelled.is_set():
+                return  # the read failed because the cancel shut the connection down
+            raise mapped_error(exc) from None
         finally:
+            if abort is not None:
+                cancelled.remove_callback(abort)
             stream.close()
 
     @staticmethod

@@ -12,13 +12,19 @@ they land in one hash slot and a Lua script may touch them together.
 | ``mem:{hex}:compactions`` | list, capped | compaction history (numbers and outcomes only) |
 | ``mem:{hex}:feedback`` | list, capped | thumbs up/down per assistant message |
 | ``run:{hex}:<run id>`` | hash | tool, agent and workflow runtime state; never read by hydration or prompts |
+| ``run:{hex}:paused`` | string, EX | the id of the thread's task-list run waiting for confirmation |
+| ``caps:<sha256 of base URL, 24 hex>`` | hash, EX | what the model provider was found not to support (``tools``, ``json_schema``) |
+| ``obs:{metrics}:worker`` | hash | counters and duration buckets added by Celery workers (``app.observability.metrics``) |
 """
 
 from __future__ import annotations
 
+import hashlib
+
 from app.memory.schemas import THREAD_ID_RE
 
 EVENTS_PATTERN = "mem:{*}:events"
+WORKER_METRICS_KEY = "obs:{metrics}:worker"
 
 
 def thread_hex(thread_id: str) -> str:
@@ -75,9 +81,20 @@ class ThreadKeys:
         """Runtime state of one tool/agent/workflow run (never memory)."""
         return f"run:{self.tag}:{run_id}"
 
+    @property
+    def paused_run(self) -> str:
+        """The id of the task-list run waiting for the person's confirmation (runtime only)."""
+        return f"run:{self.tag}:paused"
+
     def ttl_keys(self) -> list[str]:
         """Every key a write refreshes the TTL of (the state hash first)."""
         return [self.state, self.stats, self.compactions, self.feedback]
+
+
+def provider_caps_key(base_url: str | None) -> str:
+    """What a model provider (by base URL; None is the bundled default) was found not to support."""
+    digest = hashlib.sha256((base_url or "default").rstrip("/").encode()).hexdigest()[:24]
+    return f"caps:{digest}"
 
 
 def thread_id_from_events_channel(channel: str) -> str | None:

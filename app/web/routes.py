@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import logging
 
-from flask import Blueprint, current_app, jsonify, render_template
+import redis
+from flask import Blueprint, jsonify, render_template
 
 from app.extensions import services
 from app.memory.hydration import ForbiddenKeyError, assert_no_forbidden_keys, build_hydration, empty_hydration
+from app.runtime.capabilities import tools_enabled
 from app.store.thread_store import CorruptState, StoreUnavailable
 from app.web.identity import current_thread_id
 
@@ -35,7 +37,7 @@ def index():
         "index.html",
         model_name=settings.chat_model,
         bundled_model=settings.bundled_model,
-        tools_enabled=current_app.config.get("TOOLS_ENABLED", False),
+        tools_enabled=tools_enabled(services()),  # TOOLS_ENABLED and the provider accepts tools (issue 6)
         max_input_chars=settings.max_input_chars,
     )
 
@@ -54,11 +56,15 @@ def get_thread():
 
 @bp.delete("/api/chat/thread")
 def delete_thread():
-    """Empty the thread (a compaction in flight cannot bring anything back)."""
+    """Empty the thread (a compaction in flight cannot bring anything back) and drop a waiting task list."""
+    from app.runtime.run_store import RunStore
+
     thread_id = current_thread_id()
+    svc = services()
     try:
-        services().store.clear(thread_id)
-    except StoreUnavailable:
+        svc.store.clear(thread_id)
+        RunStore(svc.redis, thread_id).drop_paused()
+    except (StoreUnavailable, redis.RedisError):
         log.warning("clear failed for thread %s: store unavailable", thread_id[:13])
         return jsonify({"error": {"code": "store_unavailable",
                                   "message": "Memory is unavailable right now; try again shortly."}}), 503

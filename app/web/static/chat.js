@@ -30,10 +30,15 @@
  *                         "reason"?: str,    // a category, e.g. "timeout", "invalid_output"
  *                         "turnsFolded": int, "tokensBefore": int, "tokensAfter": int,
  *                         "summaryChars": int, "pinsCount": int,
- *                         "factRetention": number (0..1) | null, "durationMs": int}],     // oldest first
- *        "lastPrompt": [{"origin": "system"|"summary"|"pins"|"recent"|"input",
- *                        "role": "system"|"user"|"assistant", "tokens": int, "text": str}]}
+ *                         "factRetention": number (0..1) | null, "durationMs": int}]}     // oldest first
  *   Any failure (404 while not built, 5xx, network): the panels say "not available"; nothing breaks.
+ *
+ * GET    /api/chat/inspector                 (the last turn's prompt, for this session's own thread)
+ *   200 {"turn": {"messageId", "status", "at", "promptTokens", "budget"} | null,
+ *        "messages": [{"origin": "system"|"summary"|"pins"|"recent"|"input",
+ *                      "role": "system"|"user"|"assistant", "tokens": int,
+ *                      "text": str | null,   // null when it changed since (folded, compacted, not kept)
+ *                      "note"?: str}]}       // says why the text is not shown
  *
  * POST   /api/chat/pins      body {"text": str}  or  {"messageId": str}
  *   201 {"pinnedDecisions": [str]}
@@ -51,7 +56,7 @@
  *            {"type":"tool","name","arguments","result","status":"started"|"finished", "id"?}
  *            {"type":"progress","stage","message"?}
  *            {"type":"memory","status":"started"|"succeeded"|"failed","message"?}
- *            {"type":"done","status":"completed"|"blocked"|"cancelled"|"failed","messageId"}
+ *            {"type":"done","status":"completed"|"blocked"|"cancelled"|"failed"|"paused","messageId"}
  *            {"type":"error","code","message"}
  *   Unknown frame types are ignored.
  */
@@ -65,6 +70,7 @@
   const API = {
     thread: ROOT + "/api/chat/thread",
     stats: ROOT + "/api/chat/stats",
+    inspector: ROOT + "/api/chat/inspector",
     pins: ROOT + "/api/chat/pins",
     feedback: ROOT + "/api/chat/feedback",
   };
@@ -659,8 +665,8 @@
     el.compactions.hidden = comps.length === 0;
   }
 
-  function renderInspector(stats) {
-    const prompt = Array.isArray(stats.lastPrompt) ? stats.lastPrompt : [];
+  function renderInspector(data) {
+    const prompt = Array.isArray(data.messages) ? data.messages : [];
     el.inspectorBody.replaceChildren();
     if (!prompt.length) {
       el.inspectorBody.append(h("p", { class: "muted", text: "Nothing yet." }));
@@ -673,8 +679,9 @@
       if (!m || typeof m !== "object") continue;
       const origin = SECTIONS.includes(m.origin) ? m.origin : "other";
       const text = str(m.text);
-      const pre = h("pre", { class: "inspector-text" });
-      pre.textContent = text.length > 6000 ? text.slice(0, 6000) + "\n… (truncated)" : text;
+      const pre = h("pre", { class: m.text === null || m.text === undefined ? "inspector-text muted" : "inspector-text" });
+      pre.textContent = m.text === null || m.text === undefined ? str(m.note) || "Not available."
+        : text.length > 6000 ? text.slice(0, 6000) + "\n… (truncated)" : text;
       ol.append(h("li", { class: "inspector-item", "data-origin": origin },
         h("div", { class: "inspector-head" },
           h("span", { class: `badge origin seg-${origin}`, text: origin }),
@@ -731,9 +738,18 @@
       return;
     }
     const stats = r.data;
-    for (const [fn, name] of [[renderMeter, "meter"], [renderChart, "chart"], [renderCompactions, "compactions"], [renderInspector, "inspector"]]) {
+    for (const [fn, name] of [[renderMeter, "meter"], [renderChart, "chart"], [renderCompactions, "compactions"]]) {
       try { fn(stats); } catch (err) { console.warn(`stats ${name} could not be drawn`, err); }
     }
+    loadInspector(seq);
+  }
+
+  async function loadInspector(seq) {
+    const r = await api("GET", API.inspector);
+    if (seq !== state.statsSeq) return;
+    try {
+      renderInspector(r.ok && r.data && typeof r.data === "object" ? r.data : {});
+    } catch (err) { console.warn("inspector could not be drawn", err); }
   }
 
   function refreshMemory() {
@@ -921,7 +937,7 @@
     });
   }
 
-  /** Settle the turn in flight. outcome: completed | blocked | cancelled | failed | interrupted | rejected */
+  /** Settle the turn in flight. outcome: completed | blocked | cancelled | failed | paused | interrupted | rejected */
   function endTurn(outcome) {
     const t = state.turn;
     if (!t) return;
@@ -956,6 +972,7 @@
     } else {
       const label = {
         cancelled: "stopped — not saved to memory",
+        paused: "waiting for your confirmation — not saved yet", // a /tasklist run (issue 6)
         failed: "failed — not saved",
         interrupted: "interrupted — not saved",
         rejected: "not sent",
@@ -1109,7 +1126,7 @@
       case "done": {
         const status = str(f.status);
         if (t && (!f.messageId || !t.messageId || f.messageId === t.messageId)) {
-          endTurn(["completed", "blocked", "cancelled", "failed"].includes(status) ? status : "failed");
+          endTurn(["completed", "blocked", "cancelled", "failed", "paused"].includes(status) ? status : "failed");
         }
         if (status === "completed" || status === "blocked") {
           loadThread({ messages: true });
