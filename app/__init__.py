@@ -40,7 +40,10 @@ def configure(app: Flask, settings: Settings) -> None:
         SESSION_COOKIE_SECURE=settings.production,
         PERMANENT_SESSION_LIFETIME=timedelta(seconds=settings.memory_ttl_seconds),
         MAX_CONTENT_LENGTH=64 * 1024,
-        SOCK_SERVER_OPTIONS={"ping_interval": 25, "max_message_size": 4 * settings.max_input_chars + 1024},
+        # Room for any text of MAX_INPUT_CHARS characters even when its JSON escapes every character
+        # (12 bytes for a non-BMP one, as two \uXXXX escapes): a frame over this limit closes the
+        # socket instead of getting input_too_long.
+        SOCK_SERVER_OPTIONS={"ping_interval": 25, "max_message_size": 12 * settings.max_input_chars + 1024},
         JSON_SORT_KEYS=False,
     )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

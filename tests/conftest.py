@@ -11,6 +11,8 @@ os.environ.setdefault("APP_ENV", "test")
 pytest_plugins = [
     "tests.fixtures.redis_server",
     "tests.fixtures.live_app",
+    "tests.fixtures.streamed_chat",
+    "tests.fixtures.celery_worker",
 ]
 
 from app.settings import MemoryLimits, Settings  # noqa: E402

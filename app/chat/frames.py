@@ -64,6 +64,10 @@ def parse_frame(data, *, max_input_chars: int):
     if not isinstance(text, str) or not text.strip():
         raise FrameError("empty_input", "Please type a message first.")
     text = text.strip()
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate escape such as "\ud83d": not valid Unicode text
+        raise FrameError("invalid_json", "That message contained invalid characters.") from None
     if len(text) > max_input_chars:
         raise FrameError("input_too_long", f"Messages are limited to {max_input_chars} characters.")
     client_id = frame.get("id")

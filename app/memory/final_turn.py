@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from app.memory.schemas import MESSAGE_ID_RE
 from app.memory.state import ThreadMessage, ThreadState, new_message_id, utc_now_iso
 
 WRITTEN_STATUSES = frozenset({"completed", "blocked", "final"})
@@ -67,7 +68,20 @@ def _clean_text(value: Any, which: str) -> str:
     cleaned = value.strip()
     if not cleaned:
         raise TurnRejected("blank_text", f"{which} text is blank")
+    try:
+        cleaned.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: it could never be stored or sent
+        raise TurnRejected("invalid_text", f"{which} text is not valid Unicode") from None
     return cleaned
+
+
+def _check_ids(user_id: Any, assistant_id: Any) -> None:
+    # An id the stored-state schema refuses would make the whole thread unreadable.
+    for which, value in (("user", user_id), ("assistant", assistant_id)):
+        if value is not None and (not isinstance(value, str) or not MESSAGE_ID_RE.match(value)):
+            raise TurnRejected("invalid_id", f"{which} message id is not a valid id")
+    if user_id is not None and user_id == assistant_id:
+        raise TurnRejected("invalid_id", "the user and assistant messages need different ids")
 
 
 def prepare_final_turn(
@@ -84,8 +98,8 @@ def prepare_final_turn(
 
     Raises:
         TurnRejected: the status is not written (``reason="not_final"``), the source is
-            unknown (``"unknown_source"``), or a text is not a string or blank
-            (acceptance P10, P11).
+            unknown (``"unknown_source"``), a text is not a string, not valid Unicode or blank
+            (acceptance P10, P11), or an id is malformed or shared by both messages (``"invalid_id"``).
     """
     status = turn.status or "completed"
     if status not in WRITTEN_STATUSES:
@@ -94,6 +108,7 @@ def prepare_final_turn(
         raise TurnRejected("unknown_status", f"unknown turn status {status!r}")
     if turn.source not in SOURCES:
         raise TurnRejected("unknown_source", f"unknown turn source {turn.source!r}")
+    _check_ids(turn.user_id, turn.assistant_id)
     user_text = _clean_text(turn.user_text, "user")
     assistant_text = _clean_text(turn.assistant_text, "assistant")
     if turn.source == "delivery-chain":

@@ -35,7 +35,9 @@ def make_redis(url: str, *, max_connections: int = 64, socket_timeout: float = 2
         socket_timeout=socket_timeout,
         socket_connect_timeout=socket_timeout,
         health_check_interval=30,
-        retry=Retry(NoBackoff(), 1),
+        # One retry on a dropped connection (a restarted Redis); never on a timeout, which redis-py
+        # would otherwise retry at both the handshake and the command: 4 x socket_timeout per call.
+        retry=Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,)),
         **kwargs,
     )
     return redis.Redis(connection_pool=pool)
@@ -46,3 +48,26 @@ def celery_broker_url(url: str) -> str:
     if url.startswith("rediss://") and "ssl_cert_reqs" not in url:
         return url + ("&" if "?" in url else "?") + "ssl_cert_reqs=CERT_NONE"
     return url
+
+
+def ping(url: str, *, timeout: float = 2.0) -> None:
+    """PING the Redis at ``url`` once, on a connection of its own that is closed afterwards.
+
+    Used at process start (``app.startup``): a fresh client, so no socket is left
+    in a pool that a forking server (gunicorn ``--preload``, Celery prefork) would share.
+
+    Args:
+        url: ``redis://`` or ``rediss://`` URL (self-signed certificates accepted).
+        timeout: connect and reply timeout, seconds.
+
+    Raises:
+        redis.AuthenticationError: the server refused the password.
+        redis.RedisError: the server is unreachable, slow, or answered with an error.
+    """
+    kwargs = {"ssl_cert_reqs": "none"} if url.startswith("rediss://") else {}
+    client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout,
+                                  retry=Retry(NoBackoff(), 0), **kwargs)
+    try:
+        client.ping()
+    finally:
+        client.close()

