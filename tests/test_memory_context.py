@@ -219,3 +219,27 @@ def test_next_turn_only_tokenizes_the_new_texts():
     assemble(grown, "question two", counter=counter)
     # Only "answer one" and "question two" are new texts.
     assert counter.count.cache_info().misses - before == 2
+
+
+# -- a full Chinese memory in a small window ----------------------------------------------------
+
+def test_summary_is_shortened_for_the_prompt_when_even_no_recent_turn_does_not_fit():
+    summary = text_of_chars(CHINESE, 2500)  # about 3000 tokens under cl100k_base
+    st = state(3, summary=summary, pins=(text_of_chars(CHINESE, 300),) * 3)
+    ctx = assemble(st, "新的问题", context_tokens=4096, reserved=1024)
+    summary_message = next(m for m in ctx.messages if m.origin == "summary")
+    kept = summary_message.content.removeprefix(SUMMARY_HEADER).removesuffix(" …")
+    assert summary_message.content.endswith(" …")
+    assert summary.startswith(kept) and 20 <= len(kept) < len(summary)
+    assert ctx.dropped_turns == 3
+    assert ctx.prompt_tokens <= 4096 - 1024
+    assert [m.origin for m in ctx.messages] == ["system", "summary", "pins", "input"]
+    assert ctx.messages[-1].content == "新的问题"
+    # what the prompt costs, counted independently
+    assert ctx.prompt_tokens == sum(cost(m.role, m.content) for m in ctx.messages) + REPLY_PRIMING
+
+
+def test_pins_and_input_are_never_cut_so_a_turn_that_cannot_fit_them_is_refused():
+    st = state(0, summary="short", pins=(text_of_chars(CHINESE, 300),) * 20)  # about 7000 tokens of pins
+    with pytest.raises(ContextTooLong):
+        assemble(st, "新的问题", context_tokens=4096, reserved=1024)

@@ -75,6 +75,28 @@ def format_summary(summary: str) -> str:
     return SUMMARY_HEADER + summary
 
 
+SHORTENED_MARK = " …"
+
+
+def shorten_to_tokens(summary: str, max_message_tokens: int, counter: TokenCounter) -> str:
+    """The longest prefix of ``summary`` (plus `` …``) whose summary message costs at most
+    ``max_message_tokens`` tokens; ``""`` when not even a few characters fit.  Never splits a
+    character (binary search over character counts, each count cached)."""
+    def cost(n: int) -> int:
+        return counter.message("system", format_summary(summary[:n].rstrip() + SHORTENED_MARK))
+
+    low, high = 0, len(summary)
+    while low < high:
+        mid = (low + high + 1) // 2
+        if cost(mid) <= max_message_tokens:
+            low = mid
+        else:
+            high = mid - 1
+    if low < 20:
+        return ""
+    return summary[:low].rstrip() + SHORTENED_MARK
+
+
 def format_pins(pins: list[str]) -> str:
     """The one numbered system message that carries the pinned decisions."""
     return PINS_HEADER + "\n".join(f"{i}. {text}" for i, text in enumerate(pins, 1))
@@ -103,7 +125,7 @@ def assemble_context(
         The assembled context with per-section token counts.
 
     Raises:
-        ContextTooLong: system prompt, summary, pins and input alone exceed the budget.
+        ContextTooLong: the system prompt, the pins and the input alone exceed the budget.
     """
     budget = context_tokens - reserved_output_tokens
 
@@ -128,6 +150,16 @@ def assemble_context(
         recent_cost -= turn_costs[keep_from]
         keep_from += 1
         dropped += 1
+    if fixed > budget and state.summary:
+        # Still too long without any recent turn: shorten the summary for this prompt only
+        # (memory keeps it whole).  The system prompt, the pins and the input are never cut.
+        summary_message = next(m for m in head if m.origin == "summary")
+        room = budget - (fixed - summary_message.tokens)
+        shortened = shorten_to_tokens(state.summary, room, counter)
+        head = [m for m in head if m.origin != "summary"]
+        if shortened:
+            head.insert(1, make("system", format_summary(shortened), "summary"))
+        fixed = sum(m.tokens for m in head) + tail.tokens + REPLY_PRIMING
     if fixed + recent_cost > budget:
         raise ContextTooLong(f"prompt needs {fixed + recent_cost} tokens, budget is {budget}")
 
