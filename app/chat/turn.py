@@ -190,6 +190,7 @@ class Turn:
     def _finish(self, status: str, **extra) -> None:
         self.outcome.status = status
         self._phase = FINISHED
+        self._account()  # before done: a stats read after done sees this turn (issue 7)
         self.writer.send({"type": "done", "status": status, "messageId": self.message_id, **extra})
 
     def _send_if_streaming(self, frame: dict, pieces: list | None = None, piece: str | None = None) -> bool:
@@ -324,7 +325,10 @@ class Turn:
             log.exception("compaction request for %s failed", self.thread_id[:13])
 
     def _account(self) -> None:
-        """Record the turn's token accounting (observability; failures are logged only)."""
+        """Record the turn's token accounting once (observability; failures are logged only)."""
+        if getattr(self, "_accounted", False):
+            return
+        self._accounted = True
         try:
             from app.observability.accounting import record_turn
             record_turn(self.services, self.thread_id, self.outcome)

@@ -1,27 +1,47 @@
-"""Per-turn token accounting, kept per thread (numbers and message ids only, never text).
+"""Per-turn token accounting, kept per thread (numbers, message ids and hash prefixes only, never text).
 
-Each committed, failed or cancelled turn adds one record to ``mem:{hex}:stats``
-(newest first, the last ``MAX_TURN_RECORDS`` kept, with the thread's TTL):
+Each finished turn (completed, blocked, cancelled, failed, or interrupted when the
+socket closed) adds one record to ``mem:{hex}:stats`` (newest first, the last
+``MAX_TURN_RECORDS`` kept, with the thread's TTL):
 
 ``{"messageId", "status", "at", "promptTokens", "sections": {system, summary, pins, recent, input},
 "completionTokens", "completionTokensSource": "provider"|"counted", "budget", "firstTokenMs",
-"prompt": [{"origin", "role", "tokens", "ref"}]}``
+"prompt": [{"origin", "role", "tokens", "ref", "sha"}]}``
 
 ``prompt`` describes the assembled prompt message by message; ``ref`` is the stored
-message id of a recent or input message, so the inspector can show the person's
-own texts from their thread without the prompt text ever being stored.
+message id of a recent or input message and ``sha`` the first 16 hex characters of
+the SHA-256 of the content sent, so the inspector can show the person's own texts
+from their thread (and say when one changed since) without the prompt text ever
+being stored.  ``GET /api/chat/stats`` serves the records without ``prompt``
+(``public_turn``).
+
+The same function logs the prompt at DEBUG: lengths, token counts and hash prefixes;
+the text only when ``MEMORY_DEBUG_LOG_CONTENT=1``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+from datetime import datetime, timezone
 
 from app.memory.state import utc_now_iso
+from app.observability import metrics
 from app.store.keys import ThreadKeys
 
 log = logging.getLogger(__name__)
 MAX_TURN_RECORDS = 200
+SHA_CHARS = 16
+PUBLIC_TURN_FIELDS = ("messageId", "status", "at", "promptTokens", "sections", "completionTokens",
+                      "completionTokensSource", "budget", "firstTokenMs")
+COMPACTION_FIELDS = ("at", "outcome", "reason", "turnsFolded", "tokensBefore", "tokensAfter", "summaryChars",
+                     "pinsCount", "factRetention", "durationMs")
+
+
+def content_sha(text: str) -> str:
+    """The first ``SHA_CHARS`` hex characters of the SHA-256 of ``text`` (UTF-8)."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:SHA_CHARS]
 
 
 def turn_record(outcome, *, user_message_id: str, counter) -> dict | None:
@@ -46,15 +66,49 @@ def turn_record(outcome, *, user_message_id: str, counter) -> dict | None:
         "budget": context.budget,
         "firstTokenMs": round(first_ms, 1) if first_ms is not None else None,
         "prompt": [{"origin": m.origin, "role": m.role, "tokens": m.tokens,
-                    "ref": user_message_id if m.origin == "input" else m.ref} for m in context.messages],
+                    "ref": user_message_id if m.origin == "input" else m.ref,
+                    "sha": content_sha(m.content)} for m in context.messages],
     }
 
 
+def log_prompt(thread_id: str, context, *, message_id: str, include_text: bool) -> None:
+    """Log an assembled prompt at DEBUG: per message origin, role, characters, tokens, SHA-256 prefix.
+
+    Args:
+        thread_id: the thread (only its first 13 characters are logged).
+        context: the ``AssembledContext``.
+        message_id: the assistant message id of the turn.
+        include_text: also log each message's text (``settings.debug_log_content``).
+    """
+    if not log.isEnabledFor(logging.DEBUG) or context is None:
+        return
+    sections = " ".join(f"{k}={v}" for k, v in context.sections.items())
+    log.debug("prompt of %s on %s: %d messages, %d tokens of %d (%s), %d turns dropped", message_id,
+              thread_id[:13], len(context.messages), context.prompt_tokens, context.budget, sections,
+              context.dropped_turns)
+    for i, m in enumerate(context.messages):
+        if include_text:
+            log.debug("prompt of %s [%d] %s/%s chars=%d tokens=%d sha256=%s text=%r", message_id, i, m.origin,
+                      m.role, len(m.content), m.tokens, content_sha(m.content), m.content)
+        else:
+            log.debug("prompt of %s [%d] %s/%s chars=%d tokens=%d sha256=%s", message_id, i, m.origin, m.role,
+                      len(m.content), m.tokens, content_sha(m.content))
+
+
 def record_turn(services, thread_id: str, outcome) -> dict | None:
-    """Store a turn's accounting record; returns it.  Store failures are logged, not raised."""
+    """Store a turn's accounting record, count it in the metrics and log its prompt; returns the record.
+
+    Store failures are logged and counted, never raised.
+    """
     record = turn_record(outcome, user_message_id=outcome.user_message_id, counter=services.counter)
     if record is None:
         return None
+    try:
+        metrics.observe_turn(record)
+    except Exception:
+        log.warning("turn metrics not counted", exc_info=True)
+    log_prompt(thread_id, outcome.context, message_id=outcome.message_id,
+               include_text=services.settings.debug_log_content)
     keys = ThreadKeys(thread_id)
     try:
         pipe = services.redis.pipeline(transaction=False)
@@ -64,10 +118,82 @@ def record_turn(services, thread_id: str, outcome) -> dict | None:
         pipe.execute()
     except Exception as exc:  # redis errors: observability never breaks a turn
         log.warning("turn accounting not stored: %s", type(exc).__name__)
+        metrics.count_store_error("record_turn")
     return record
 
 
 def load_turn_records(services, thread_id: str, limit: int = MAX_TURN_RECORDS) -> list[dict]:
-    """The thread's accounting records, oldest first."""
+    """The thread's accounting records, oldest first.
+
+    Raises:
+        redis.RedisError: the store failed.
+    """
     raw = services.redis.lrange(ThreadKeys(thread_id).stats, 0, limit - 1)
-    return [json.loads(r) for r in reversed(raw)]
+    records = []
+    for item in reversed(raw):
+        try:
+            record = json.loads(item)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
+def find_turn_record(records: list[dict], message_id: str) -> dict | None:
+    """The newest record of the turn whose assistant message id is ``message_id``."""
+    return next((r for r in reversed(records) if r.get("messageId") == message_id), None)
+
+
+def public_turn(record: dict) -> dict:
+    """A record as ``GET /api/chat/stats`` serves it: numbers, status and ids; no prompt refs or hashes."""
+    out = {k: record.get(k) for k in PUBLIC_TURN_FIELDS if k in record}
+    sections = record.get("sections") or {}
+    out["sections"] = {k: int(v) for k, v in sections.items() if isinstance(v, (int, float))}
+    return out
+
+
+def _iso_from_millis(value) -> str | None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        stamp = datetime.fromtimestamp(value / 1000.0, tz=timezone.utc)
+        return stamp.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return value if isinstance(value, str) else None
+
+
+def public_compaction(record: dict) -> dict:
+    """A compaction history entry as served: the documented fields only, ``at`` as ISO 8601 UTC."""
+    out = {}
+    for key in COMPACTION_FIELDS:
+        if key not in record:
+            continue
+        value = record[key]
+        if key == "at":
+            value = _iso_from_millis(value)
+        elif key == "reason":
+            value = metrics.category(value, "other") if value else None
+            if value is None:
+                continue
+        elif key == "outcome":
+            value = metrics.category(value, "unknown")
+        elif not (value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))):
+            continue
+        out[key] = value
+    return out
+
+
+def load_compactions(services, thread_id: str, limit: int = 50) -> list[dict]:
+    """The thread's compaction history (public form), oldest first.
+
+    Raises:
+        redis.RedisError: the store failed.
+    """
+    raw = services.redis.lrange(ThreadKeys(thread_id).compactions, 0, limit - 1)
+    out = []
+    for item in reversed(raw):
+        try:
+            record = json.loads(item)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            out.append(public_compaction(record))
+    return out

@@ -64,12 +64,22 @@ def _dumps(value) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
+def _count_store_error(operation: str) -> None:
+    """Count a store error in the metrics (issue 7); never raises."""
+    try:
+        from app.observability.metrics import count_store_error
+        count_store_error(operation)
+    except Exception:  # observability never changes what the store does
+        log.debug("store error not counted", exc_info=True)
+
+
 def _guard(fn):
     """Turn any Redis failure into ``StoreUnavailable``."""
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
         except redis.RedisError as exc:
+            _count_store_error(fn.__name__)
             raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from exc
     wrapper.__name__ = fn.__name__
     wrapper.__doc__ = fn.__doc__

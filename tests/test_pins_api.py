@@ -1,0 +1,241 @@
+"""Issue 7 item 4: pins by the person (``POST /api/chat/pins``, ``DELETE /api/chat/pins/<n>``).
+
+Real components: the app on loopback, the test Redis, the fake model over HTTP and,
+for the compaction test, a real Celery worker consuming the real Redis broker.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+
+import pytest
+
+from app.memory.context import PINS_HEADER
+from app.memory.hydration import find_forbidden_key
+from app.memory.state import Pin
+from app.settings import MemoryLimits
+from tests.fake_llm import Reply
+from tests.fixtures.celery_worker import WORDS, user_text
+from tests.fixtures.live_app import ChatClient, LiveServer
+
+
+def pin(client: ChatClient, **body):
+    return client.http.post(client.server.url + "/api/chat/pins", json=body, timeout=10)
+
+
+def unpin(client: ChatClient, n):
+    return client.http.delete(f"{client.server.url}/api/chat/pins/{n}", timeout=10)
+
+
+def pins_message(messages: list[dict]) -> str | None:
+    return next((m["content"] for m in messages if m["role"] == "system" and m["content"].startswith(PINS_HEADER)),
+                None)
+
+
+def test_pin_typed_text_reaches_memory_and_the_next_prompt(chat, fake_llm):
+    response = pin(chat, text="  Ship the release on   Friday,\n after the review.  ")
+    assert response.status_code == 201
+    assert response.json() == {"pinnedDecisions": ["Ship the release on Friday, after the review."]}
+    assert response.headers["Content-Type"].startswith("application/json")
+    assert pin(chat, text="Keep the old API for one more month").status_code == 201
+    assert chat.thread()["pinnedDecisions"] == ["Ship the release on Friday, after the review.",
+                                                "Keep the old API for one more month"]
+    fake_llm.default = Reply(text="Understood.")
+    assert chat.turn("What did we decide?")[-1]["status"] == "completed"
+    assert pins_message(fake_llm.last_request().messages) == (
+        PINS_HEADER + "1. Ship the release on Friday, after the review.\n2. Keep the old API for one more month")
+
+
+def test_pin_a_stored_message_cut_at_a_word_boundary(chat, fake_llm, store):
+    long_answer = " ".join(f"Decision {i}: we keep component {i} as it is." for i in range(1, 30))
+    assert len(long_answer) > 600
+    fake_llm.default = Reply(text=long_answer)
+    frames = chat.turn("Summarize the decisions", message_id="u-decisions-1")
+    answer_id = frames[0]["messageId"]
+
+    response = pin(chat, messageId=answer_id)
+    assert response.status_code == 201
+    [text] = response.json()["pinnedDecisions"]
+    assert len(text) <= 300 and text.endswith("…")
+    kept = text[:-1]
+    assert long_answer.startswith(kept) and long_answer[len(kept)] == " "  # cut between words
+    assert len(kept) > 200  # not cut needlessly short
+
+    response = pin(chat, messageId="u-decisions-1")
+    assert response.status_code == 201
+    assert response.json()["pinnedDecisions"] == [text, "Summarize the decisions"]
+    thread_id = chat.thread()["threadId"]
+    assert [(p.text, p.by) for p in store.load(thread_id).pins] == [(text, "person"),
+                                                                     ("Summarize the decisions", "person")]
+
+
+@pytest.mark.parametrize("body, status, code, message", [
+    ({"text": "   "}, 400, "empty_pin", "Type the decision to pin first."),
+    ({"text": "x" * 301}, 400, "pin_too_long", "A pin can be at most 300 characters (this one has 301)."),
+    ({"text": 42}, 400, "bad_request", "The pin text must be a string."),
+    ({}, 400, "bad_request", 'Send either "text" or "messageId".'),
+    ({"text": "a", "messageId": "m_1"}, 400, "bad_request", 'Send either "text" or "messageId".'),
+    ({"messageId": "no spaces allowed"}, 400, "bad_request", "That message id is not valid."),
+    ({"messageId": "m_0123456789abcdef"}, 404, "unknown_message",
+     "That message is no longer in memory, so it can't be pinned."),
+])
+def test_pin_refusals_say_what_is_wrong(chat, body, status, code, message):
+    response = pin(chat, **body)
+    assert response.status_code == status
+    assert response.json() == {"error": {"code": code, "message": message}}
+    assert chat.thread()["pinnedDecisions"] == []
+
+
+def test_pin_needs_a_json_object(chat):
+    url = chat.server.url + "/api/chat/pins"
+    for response in (chat.http.post(url, data="text=hello", timeout=10),
+                     chat.http.post(url, json=["hello"], timeout=10)):
+        assert response.status_code == 400
+        assert response.json()["error"]["code"] == "bad_request"
+
+
+def test_pin_limit_is_a_clear_409(make_live_app, app_settings):
+    server = make_live_app(app_settings.with_overrides(limits=MemoryLimits(pinned_max=3)))
+    client = ChatClient(server)
+    for i in range(3):
+        assert pin(client, text=f"decision number {i}").status_code == 201
+    response = pin(client, text="one too many")
+    assert response.status_code == 409
+    assert response.json() == {"error": {"code": "pin_limit",
+                                         "message": "You can pin at most 3 decisions. Unpin one to make room."}}
+    assert client.thread()["pinnedDecisions"] == ["decision number 0", "decision number 1", "decision number 2"]
+    assert unpin(client, 1).status_code == 200
+    assert pin(client, text="one too many").status_code == 201
+
+
+def test_duplicates_are_refused_and_a_model_pin_becomes_the_persons(chat, store):
+    thread_id = chat.thread()["threadId"]
+    assert store.set_pins(thread_id, expected_gen=0, pins=[Pin("travel by train", "model")])
+    response = pin(chat, text="Travel by train.")
+    assert response.status_code == 201 and response.json() == {"pinnedDecisions": ["Travel by train."]}
+    assert store.load(thread_id).pins == (Pin("Travel by train.", "person"),)
+    response = pin(chat, text="TRAVEL BY TRAIN")
+    assert response.status_code == 409
+    assert response.json() == {"error": {"code": "already_pinned", "message": "That decision is already pinned."}}
+
+
+def test_unpin_by_position(chat):
+    for text in ("first", "second", "third"):
+        assert pin(chat, text=text).status_code == 201
+    response = unpin(chat, 2)
+    assert response.status_code == 200 and response.json() == {"pinnedDecisions": ["first", "third"]}
+    for n in (0, 3, "abc", -1):
+        response = unpin(chat, n)
+        assert response.status_code == 404
+        assert response.json() == {"error": {"code": "pin_not_found",
+                                             "message": "There is no such pin (it may have been removed already)."}}
+    assert unpin(chat, 1).json() == {"pinnedDecisions": ["third"]}
+    assert unpin(chat, 1).json() == {"pinnedDecisions": []}
+    assert chat.thread()["pinnedDecisions"] == []
+
+
+def test_concurrent_pins_all_land_through_the_compare_and_set(chat):
+    texts = [f"parallel decision {i}" for i in range(5)]
+    barrier = threading.Barrier(len(texts))
+    results = {}
+
+    def go(text):
+        barrier.wait()
+        results[text] = pin(chat, text=text).status_code
+
+    threads = [threading.Thread(target=go, args=(t,)) for t in texts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert results == dict.fromkeys(texts, 201)
+    assert sorted(chat.thread()["pinnedDecisions"]) == texts
+
+
+def test_pins_of_one_session_are_out_of_reach_of_another(live_app, chat):
+    assert pin(chat, text="Alice's private decision").status_code == 201
+    other = ChatClient(live_app)
+    assert unpin(other, 1).status_code == 404
+    response = pin(other, text="Bob's decision")
+    assert response.json() == {"pinnedDecisions": ["Bob's decision"]}
+    assert find_forbidden_key(response.json()) is None
+    assert chat.thread()["pinnedDecisions"] == ["Alice's private decision"]
+    assert other.thread()["pinnedDecisions"] == ["Bob's decision"]
+
+
+def test_pins_from_another_site_are_refused(chat):
+    response = chat.http.post(chat.server.url + "/api/chat/pins", json={"text": "x"},
+                              headers={"Origin": "https://evil.example"}, timeout=10)
+    assert response.status_code == 403
+    assert response.json()["error"]["code"] == "forbidden"
+    response = chat.http.post(chat.server.url + "/api/chat/pins", json={"text": "same origin"},
+                              headers={"Origin": chat.server.url}, timeout=10)
+    assert response.status_code == 201
+    assert chat.thread()["pinnedDecisions"] == ["same origin"]
+
+
+def test_pins_answer_503_when_the_store_is_down(make_live_app, app_settings, own_redis):
+    server = make_live_app(app_settings.with_overrides(redis_url=own_redis.url, redis_socket_timeout=0.5))
+    client = ChatClient(server)
+    client.thread()
+    own_redis.stop()
+    for response in (pin(client, text="a decision"), unpin(client, 1)):
+        assert response.status_code == 503
+        assert response.json()["error"]["code"] == "store_unavailable"
+
+
+PERSON_PIN = "Use PostgreSQL 16, not MySQL, for the billing service; never drop the audit table."
+
+
+def test_a_persons_pin_survives_five_compactions_word_for_word(make_compaction_rig, fake_llm):
+    """Each turn from the second on folds a turn through the real worker; the model paraphrases the pin."""
+    rig = make_compaction_rig(limits=MemoryLimits(recent_turns=1))
+    server = LiveServer(rig.app)
+    rig.worker()
+    client = ChatClient(server).connect()
+    try:
+        rounds = itertools.count(1)
+
+        def compaction_answer(body):
+            n = next(rounds)
+            return Reply(json={
+                "summary": f"the person keeps asking about nice numbers, most recently {WORDS[n % 20]}.",
+                "pinnedDecisions": [
+                    "use postgresql 16, not mysql, for the billing service; never drop the audit table",
+                    f"billing runs on postgres version sixteen (wording {WORDS[n % 20]})",
+                ]})
+
+        fake_llm.add_rule(compaction_answer, model="fake-compact")
+        fake_llm.default = lambda body: Reply(text="that is a lovely number indeed")
+        thread_id = client.thread()["threadId"]
+        assert pin(client, text=PERSON_PIN).json() == {"pinnedDecisions": [PERSON_PIN]}
+
+        assert client.turn(user_text(1))[-1]["status"] == "completed"
+        for n in range(2, 7):
+            assert client.turn(user_text(n))[-1]["status"] == "completed"
+            rig.wait_outcome(thread_id, "applied", count=n - 1)
+            rig.wait_idle(thread_id)
+            pins = client.thread()["pinnedDecisions"]
+            assert pins[0] == PERSON_PIN, f"after compaction {n - 1}: {pins}"
+            assert pins.count(PERSON_PIN) == 1
+            assert not any(p.lower().startswith("use postgresql 16") and p != PERSON_PIN for p in pins)
+        state = rig.store.load(thread_id)
+        assert state.pins[0] == Pin(PERSON_PIN, "person")
+        assert [m.text for m in state.messages] == [user_text(6), "that is a lovely number indeed"]
+
+        compactions = client.http.get(server.url + "/api/chat/stats", timeout=10).json()["compactions"]
+        applied = [c for c in compactions if c["outcome"] == "applied"]
+        assert len(applied) == 5 and all(c["turnsFolded"] == 1 for c in applied)
+
+        position = client.thread()["pinnedDecisions"].index(PERSON_PIN) + 1
+        response = unpin(client, position)
+        assert response.status_code == 200 and PERSON_PIN not in response.json()["pinnedDecisions"]
+        assert PERSON_PIN not in client.thread()["pinnedDecisions"]
+        assert all(p.text != PERSON_PIN for p in rig.store.load(thread_id).pins)
+        assert client.turn(user_text(7))[-1]["status"] == "completed"
+        chat_request = fake_llm.last_request(lambda r: r.model == "fake-chat")
+        assert PERSON_PIN not in (pins_message(chat_request.messages) or "")
+    finally:
+        client.close()
+        server.stop()
