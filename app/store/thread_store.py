@@ -11,13 +11,14 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import redis
 from marshmallow import ValidationError
 
 from app.memory.final_turn import FinalTurn, prepare_final_turn
-from app.memory.schemas import stored_state_schema
+from app.memory.schemas import MESSAGE_SCHEMA, stored_state_schema
 from app.memory.state import Pin, ThreadMessage, ThreadState
 from app.settings import MemoryLimits
 from app.store.keys import ThreadKeys
@@ -86,6 +87,30 @@ def _guard(fn):
     return wrapper
 
 
+_MESSAGE_FIELDS = frozenset(("id", "role", "text", "createdAt"))
+
+
+def _checked_message(data) -> ThreadMessage:
+    """A stored message checked with ``MessageSchema`` (exactly four fields; acceptance P4)."""
+    if not isinstance(data, dict) or data.keys() != _MESSAGE_FIELDS:
+        raise ValueError("a stored message must have exactly id, role, text and createdAt")
+    return _checked_message_values(data["id"], data["role"], data["text"], data["createdAt"])
+
+
+@lru_cache(maxsize=8192)
+def _checked_message_values(id_, role, text, created_at) -> ThreadMessage:
+    MESSAGE_SCHEMA.load({"id": id_, "role": role, "text": text, "createdAt": created_at})
+    return ThreadMessage(id_, role, text, created_at)
+
+
+@lru_cache(maxsize=2048)
+def _checked_meta(limits: MemoryLimits, summary: str, pins_json: str, last: str | None):
+    """Summary, pins and ``lastCompactedAt`` checked with the stored-state schema (its limits)."""
+    pins = json.loads(pins_json)
+    stored_state_schema(limits).load({"messages": [], "summary": summary, "pins": pins, "lastCompactedAt": last})
+    return summary, tuple(Pin(p["text"], p["by"]) for p in pins), last
+
+
 class ThreadStore:
     """Reads and writes ThreadState in Redis.
 
@@ -111,30 +136,31 @@ class ThreadStore:
     def parse(self, raw: dict) -> ThreadState:
         """Build a ThreadState from an HGETALL answer (``{}`` gives the empty state).
 
+        Every part is checked with the stored-state schema; a part already checked in this
+        process (a message, or the summary with the pins) is not checked again, so a turn
+        validates only what changed since the last read.
+
         Raises:
             CorruptState: the hash does not satisfy the stored-state schema.
         """
         if not raw:
             return ThreadState()
         try:
-            data = {
-                "messages": json.loads(raw.get("messages") or "[]"),
-                "summary": raw.get("summary", ""),
-                "pins": json.loads(raw.get("pins") or "[]"),
-                "lastCompactedAt": raw.get("lastCompactedAt"),
-            }
+            messages = json.loads(raw.get("messages") or "[]")
+            if not isinstance(messages, list):
+                raise ValueError("messages is not a list")
             if self.validate_reads:
-                stored_state_schema(self.limits).load(data)
-        except (ValueError, ValidationError) as exc:
+                parsed = tuple(_checked_message(m) for m in messages)
+                summary, pins, last = _checked_meta(self.limits, raw.get("summary", ""), raw.get("pins") or "[]",
+                                                    raw.get("lastCompactedAt"))
+            else:
+                parsed = tuple(ThreadMessage.from_dict(m) for m in messages)
+                summary, last = raw.get("summary", ""), raw.get("lastCompactedAt")
+                pins = tuple(Pin(p["text"], p["by"]) for p in json.loads(raw.get("pins") or "[]"))
+        except (ValueError, TypeError, KeyError, ValidationError) as exc:
             raise CorruptState(str(exc)) from None
-        return ThreadState(
-            messages=tuple(ThreadMessage.from_dict(m) for m in data["messages"]),
-            summary=data["summary"],
-            pins=tuple(Pin(p["text"], p["by"]) for p in data["pins"]),
-            last_compacted_at=data["lastCompactedAt"],
-            version=int(raw.get("v", 0)),
-            gen=int(raw.get("gen", 0)),
-        )
+        return ThreadState(messages=parsed, summary=summary, pins=pins, last_compacted_at=last,
+                           version=int(raw.get("v", 0)), gen=int(raw.get("gen", 0)))
 
     @_guard
     def load(self, thread_id: str) -> ThreadState:
