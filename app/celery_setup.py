@@ -23,7 +23,8 @@ def celery_config(settings: Settings) -> dict:
     """The Celery configuration for ``settings`` (time limits in seconds)."""
     broker = celery_broker_url(settings.redis_url)
     hard_limit = settings.compaction_time_limit
-    visibility = max(3600, 4 * hard_limit + 600)
+    # COMPACTION_VISIBILITY_TIMEOUT_SECONDS overrides the derived value (tests of redelivery use a short one).
+    visibility = settings.compaction_visibility_timeout or max(3600, 4 * hard_limit + 600)
     config = {
         "broker_url": broker,
         "result_backend": None,
@@ -42,6 +43,9 @@ def celery_config(settings: Settings) -> dict:
         "broker_transport_options": {"visibility_timeout": visibility},
         "broker_connection_retry_on_startup": True,
         "broker_connection_max_retries": None,
+        # A task running when the broker connection drops is redelivered; a rerun cannot apply twice
+        # (the commit is a compare-and-set), so the running copy may as well be cancelled.
+        "worker_cancel_long_running_tasks_on_connection_loss": True,
         "worker_hijack_root_logger": False,
         "include": ["workers.compaction"],
     }

@@ -1,0 +1,283 @@
+"""Acceptance cases of the compaction family: P5-P8, B1, B2, B5, B10 (../shared/acceptance/cases.md).
+
+A real Celery worker (embedded, solo pool), the real Redis, the fake LLM over HTTP.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+
+import pytest
+
+from app.chat.events import EventHub
+from app.memory.state import PINNED_BY_MODEL, Pin, utc_now_iso
+from app.store.redis_client import make_redis
+from tests.fake_llm import Reply
+from tests.fixtures.celery_worker import (commit_turn, folded_section, history, raw_hash, rendered, seed_turns,
+                                          thread_id_for, wait_until)
+from tests.fixtures.redis_server import start_embedded_server
+from workers.compaction import run_compaction
+
+ANSWER = {"summary": "They chatted about the numbers one and two.", "pinnedDecisions": ["Keep answers short"]}
+
+
+def ids(state) -> list[str]:
+    return [m.id for m in state.messages]
+
+
+def turn_ids(first: int, last: int) -> list[str]:
+    return [x for n in range(first, last + 1) for x in (f"u{n}", f"a{n}")]
+
+
+# ------------------------------------------------------------------------------------------ P5-P8
+
+
+def test_p5_twelve_messages_compacted_keep_exactly_the_last_eight(compaction_rig, fake_llm):
+    rig = compaction_rig
+    fake_llm.add_rule(Reply(json=ANSWER), structured=True)
+    rig.worker()
+    tid = thread_id_for("p5")
+    result = seed_turns(rig.store, tid, 6)
+    assert result.message_count == 12
+    started = utc_now_iso()
+    assert rig.request(tid, result)
+    rig.wait_outcome(tid, "applied")
+    finished = utc_now_iso()
+    state = rig.store.load(tid)
+    assert ids(state) == ["u3", "a3", "u4", "a4", "u5", "a5", "u6", "a6"]
+    assert [m.role for m in state.messages] == ["user", "assistant"] * 4
+    assert state.summary == "They chatted about the numbers one and two."
+    assert state.pins == (Pin("Keep answers short", PINNED_BY_MODEL),)
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", state.last_compacted_at)
+    assert started <= state.last_compacted_at <= finished  # set by the worker, never by the model
+
+
+def test_p6_eight_messages_are_not_compacted_and_the_model_is_not_called(compaction_rig, fake_llm):
+    rig = compaction_rig
+    tid = thread_id_for("p6")
+    result = seed_turns(rig.store, tid, 4)
+    before = raw_hash(rig.client, tid)
+    assert rig.request(tid, result) is False
+    assert run_compaction(rig.services, tid, result.version).outcome == "skipped"  # even if a task arrives
+    assert raw_hash(rig.client, tid) == before
+    assert fake_llm.chat_requests() == []
+
+
+def test_p7_an_answer_missing_summary_leaves_the_thread_exactly_as_before(compaction_rig, fake_llm):
+    rig = compaction_rig
+    fake_llm.add_rule(Reply(json={"pinnedDecisions": ["Keep answers short"]}), structured=True)
+    rig.worker()
+    tid = thread_id_for("p7")
+    seed_turns(rig.store, tid, 5)
+    result = commit_turn(rig.store, tid, 6)  # the turn that triggers compaction
+    before = raw_hash(rig.client, tid)
+    assert rig.request(tid, result)
+    rig.wait_outcome(tid, "failed", count=3)
+    rig.wait_idle(tid)
+    assert raw_hash(rig.client, tid) == before
+    assert ids(rig.store.load(tid)) == turn_ids(1, 6)
+
+
+def test_p8_a_model_call_that_times_out_leaves_the_thread_exactly_as_before(make_compaction_rig, fake_llm):
+    rig = make_compaction_rig(compaction_llm_timeout=0.5, compaction_max_retries=0)
+    fake_llm.add_rule(Reply(stall=True, stall_max=5.0), structured=True)
+    rig.worker()
+    tid = thread_id_for("p8")
+    result = seed_turns(rig.store, tid, 6)
+    before = raw_hash(rig.client, tid)
+    assert rig.request(tid, result)
+    [entry] = rig.wait_outcome(tid, "failed")
+    rig.wait_idle(tid)
+    assert (entry["reason"], raw_hash(rig.client, tid)) == ("timeout", before)
+
+
+# ------------------------------------------------------------------------------------------ B1
+
+
+def test_b1_a_failing_summarizer_does_not_destroy_history(compaction_rig, fake_llm):
+    rig = compaction_rig  # recent window 4 turns: 6 turns are past the trigger
+    fake_llm.add_rule(Reply(status=429, error_message="Rate limit reached for gpt-x in organization org-123"),
+                      structured=True)
+    rig.worker()
+    tid = thread_id_for("b1")
+    result = seed_turns(rig.store, tid, 6)
+    before = raw_hash(rig.client, tid)
+    assert rig.request(tid, result)
+    entries = rig.wait_outcome(tid, "failed", count=3)
+    rig.wait_idle(tid)
+
+    after = raw_hash(rig.client, tid)
+    assert after == before
+    assert ids(rig.store.load(tid)) == turn_ids(1, 6)  # all 12 messages
+    assert after.get("summary", "") == "" and rig.store.load(tid).summary == ""  # no summary stored
+    everything = json.dumps(after) + json.dumps(entries)
+    assert "Rate limit" not in everything and "org-123" not in everything and "429" not in everything
+    # tried again later: three model calls, each after a backoff
+    calls = fake_llm.chat_requests("structured")
+    assert len(calls) == 3
+    # backoff base 0.2 s, doubled per retry, jitter factor 0.5-1.5: at least 0.1 s, then 0.2 s
+    assert calls[1].time - calls[0].time >= 0.09 and calls[2].time - calls[1].time >= 0.19
+    # and the next committed turn triggers again
+    fake_llm.clear_rules()
+    fake_llm.add_rule(Reply(json=ANSWER), structured=True)
+    assert rig.request(tid, commit_turn(rig.store, tid, 7))
+    rig.wait_outcome(tid, "applied")
+    assert ids(rig.store.load(tid)) == turn_ids(4, 7)
+
+
+# ------------------------------------------------------------------------------------------ B2
+
+
+def test_b2_a_turn_committed_during_compaction_is_kept_exactly_once(compaction_rig, fake_llm):
+    rig = compaction_rig
+    gate = threading.Event()
+    calls = []
+
+    def model(body):
+        calls.append(folded_section(body))
+        if len(calls) == 1:
+            time.sleep(2.0)  # the compaction's model call takes 2 s
+            return ANSWER
+        gate.wait(10)  # the follow-up compaction waits until the test has looked
+        return {"summary": "They chatted about the numbers one to three.", "pinnedDecisions": []}
+
+    fake_llm.add_rule(model, structured=True)
+    rig.worker()
+    tid = thread_id_for("b2")
+    assert rig.request(tid, seed_turns(rig.store, tid, 6))
+    fake_llm.wait_for_requests(1, "structured")
+    seventh = commit_turn(rig.store, tid, 7)  # while the model call is in flight
+    assert seventh.appended and rig.request(tid, seventh) is False  # one compaction pending
+    rig.wait_outcome(tid, "applied")
+    state = rig.store.load(tid)
+    assert ids(state) == ["u3", "a3", "u4", "a4", "u5", "a5", "u6", "a6", "u7", "a7"]
+    assert state.summary == ANSWER["summary"]
+    assert calls[0] == rendered([1, 2])
+    gate.set()
+    rig.wait_outcome(tid, "applied", count=2)
+    rig.wait_idle(tid)
+    final = rig.store.load(tid)
+    assert ids(final) == turn_ids(4, 7)
+    assert [m.id for m in final.messages].count("u7") == 1
+    assert calls[1] == rendered([3])
+
+
+# ------------------------------------------------------------------------------------------ B5
+
+
+def unique_word(k: int) -> str:
+    return "".join(chr(97 + (k // 26 ** i) % 26) for i in range(3))
+
+
+def previous_summary_of(body: dict) -> str:
+    user = body["messages"][1]["content"]
+    previous = user.split("PREVIOUS SUMMARY:\n")[1].split("\n\nPINNED DECISIONS")[0]
+    return "" if previous == "(none)" else previous
+
+
+def fresh_summary(body: dict) -> str:
+    topics = re.findall(r"topic (\w+)", folded_section(body))
+    return ("The person walked through the topics " + ", ".join(topics) + " and the assistant commented on each "
+            "at length, " + "with plenty of detail " * 25).strip()
+
+
+def b5_turn(store, tid, n):
+    return commit_turn(store, tid, n, user=f"let us talk about topic {unique_word(n)} and ticket INC-{1000 + n}",
+                       assistant=f"topic {unique_word(n)} is noted with ticket INC-{1000 + n}")
+
+
+def test_b5_ten_cycles_keep_the_summary_bounded_and_never_nest_an_earlier_one(compaction_rig, fake_llm):
+    rig = compaction_rig
+
+    def nesting_model(body):
+        previous = previous_summary_of(body)
+        if len(body["messages"]) == 2 and previous:  # first attempt: append to the previous summary
+            return {"summary": previous + "\nLater: " + fresh_summary(body), "pinnedDecisions": []}
+        return {"summary": fresh_summary(body), "pinnedDecisions": []}  # told not to copy: a rewrite
+
+    fake_llm.add_rule(nesting_model, structured=True)
+    rig.worker()
+    tid = thread_id_for("b5")
+    summaries: list[str] = []
+    n = 0
+    for cycle in range(1, 11):
+        for _ in range(6):
+            n += 1
+            result = b5_turn(rig.store, tid, n)
+        assert rig.request(tid, result)
+        rig.wait_outcome(tid, "applied", count=cycle)
+        rig.wait_idle(tid)
+        summary = rig.store.load(tid).summary
+        assert len(summary) <= 2500
+        assert [s for s in summaries if s in summary] == []
+        summaries.append(summary)
+    assert ids(rig.store.load(tid)) == turn_ids(57, 60)
+    assert len(set(summaries)) == 10
+
+
+def test_b5_a_model_that_always_nests_never_gets_a_nested_summary_stored(compaction_rig, fake_llm):
+    rig = compaction_rig
+    fake_llm.add_rule(lambda body: {"summary": (previous_summary_of(body) + "\nLater: " + fresh_summary(body))[:2400],
+                                    "pinnedDecisions": []}, structured=True)
+    rig.worker()
+    tid = thread_id_for("b5 always")
+    summaries: list[str] = []
+    n = 0
+    for cycle in range(1, 11):
+        for _ in range(6):
+            n += 1
+            result = b5_turn(rig.store, tid, n)
+        assert rig.request(tid, result)
+        rig.wait_outcome(tid, "applied", count=cycle)
+        rig.wait_idle(tid)
+        state = rig.store.load(tid)
+        assert len(state.summary) <= 2500 and len(state.messages) == 8
+        assert [s for s in summaries if s in state.summary] == []
+        assert state.summary.startswith("Later: The person walked through the topics ")
+        summaries.append(state.summary)
+    assert [(e["outcome"], e["reason"]) for e in history(rig.client, tid)] == [("applied", "llm")] * 10
+
+
+# ------------------------------------------------------------------------------------------ B10
+
+
+@pytest.mark.slow
+def test_b10_after_a_redis_restart_the_idle_worker_compacts_again_and_events_flow(
+        make_compaction_rig, fake_llm):
+    server = start_embedded_server()
+    port = server.port
+    url = f"redis://127.0.0.1:{port}/0"
+    hub = None
+    try:
+        rig = make_compaction_rig(redis_url=url)
+        fake_llm.add_rule(Reply(json=ANSWER), structured=True)
+        frames: list[dict] = []
+        hub = EventHub(lambda: make_redis(url, max_connections=2, socket_timeout=5.0))
+        tid = thread_id_for("b10")
+        hub.register(tid, frames.append)
+        assert hub.subscribed.wait(5)
+        rig.worker()
+        assert rig.request(tid, seed_turns(rig.store, tid, 6))
+        rig.wait_outcome(tid, "applied")
+        wait_until(lambda: [f["status"] for f in frames] == ["started", "succeeded"], message="events before")
+
+        server.stop()  # Redis restarts on the same port while the worker is idle (data is gone)
+        wait_until(lambda: not hub.subscribed.is_set(), message="the page's subscription to notice")
+        server = start_embedded_server(port=port)
+        assert hub.subscribed.wait(15)
+
+        result = seed_turns(rig.store, tid, 6, start=11)  # new turns are committed
+        assert result.message_count == 12
+        assert rig.request(tid, result)
+        rig.wait_outcome(tid, "applied", timeout=30)  # the same worker consumes again
+        assert ids(rig.store.load(tid)) == turn_ids(13, 16)
+        wait_until(lambda: [f["status"] for f in frames] == ["started", "succeeded"] * 2, timeout=15,
+                   message="events after the restart")
+        rig.close()  # stop the worker while its Redis is up
+    finally:
+        if hub is not None:
+            hub.stop()
+        server.stop()

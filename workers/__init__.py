@@ -1,0 +1,1 @@
+"""Celery tasks (run by ``celery -A celery_app worker -Q compaction``)."""
