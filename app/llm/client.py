@@ -86,18 +86,35 @@ class CancelEvent(threading.Event):
                 self._callbacks.remove(callback)
 
 
-def _upstream_aborter(stream):
-    """A callable that shuts the stream's TCP connection down from any thread: a blocked read returns at
-    once and the provider sees the client go away (closing the response alone does not wake a blocked read)."""
-    def abort() -> None:
-        network_stream = stream.response.extensions.get("network_stream")
-        sock = network_stream.get_extra_info("socket") if network_stream is not None else None
-        if sock is not None:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-    return abort
+class _UpstreamAbort:
+    """Called from any thread, shuts the stream's TCP connection down: a blocked read returns at once and the
+    provider sees the client go away (closing the response alone does not wake a blocked read).
+
+    ``release()`` (before the stream is closed) makes later calls do nothing, so a cancel that races the end
+    of the stream never shuts down a pooled connection that another request already reuses.
+    """
+
+    def __init__(self, stream):
+        self._stream = stream
+        self._lock = threading.Lock()
+        self._released = False
+
+    def __call__(self) -> None:
+        with self._lock:
+            if self._released:
+                return
+            network_stream = self._stream.response.extensions.get("network_stream")
+            sock = network_stream.get_extra_info("socket") if network_stream is not None else None
+            if sock is not None:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def release(self, cancelled: "CancelEvent") -> None:
+        cancelled.remove_callback(self)
+        with self._lock:
+            self._released = True
 
 
 def mapped_error(exc: BaseException) -> LLMError:
@@ -148,7 +165,7 @@ class LLMClient:
             timeout=self._timeout(deadline), **extra)
         abort = None
         if isinstance(cancelled, CancelEvent):
-            abort = _upstream_aborter(stream)
+            abort = _UpstreamAbort(stream)
             cancelled.add_callback(abort)
         iterator = iter(stream)
         pending = []
@@ -159,7 +176,7 @@ class LLMClient:
                     break
         except BaseException:
             if abort is not None:
-                cancelled.remove_callback(abort)
+                abort.release(cancelled)
             stream.close()
             raise
         return stream, iterator, pending, abort
@@ -217,7 +234,7 @@ class LLMClient:
             raise mapped_error(exc) from None
         finally:
             if abort is not None:
-                cancelled.remove_callback(abort)
+                abort.release(cancelled)
             stream.close()
 
     @staticmethod

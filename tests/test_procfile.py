@@ -1,0 +1,202 @@
+"""The production ``Procfile``, run for real the way a Heroku-style platform runs it (issue 5 item 3).
+
+Each process type's command line is read from ``Procfile`` and run with
+``bash -c`` in a new process group, with a production environment (``APP_ENV=
+production``, ``$PORT``, the test Redis, the fake LLM):
+
+- ``web``: gunicorn (gthread, ``--preload``) binds ``0.0.0.0:$PORT``, answers
+  ``/healthz``, and a websocket turn streams and is kept in memory; a bad
+  configuration gives one ``config error`` line and exit 3 (nothing else).
+- ``worker``: a SIGTERM to the dyno's processes while a compaction runs puts the
+  task back on the queue at once (``REMAP_SIGTERM=SIGQUIT``: cold shutdown,
+  the late-acknowledged message is requeued, not left for the 1-hour visibility
+  timeout), and the next worker applies it exactly once.
+- ``flower``: binds ``$PORT`` and asks for ``FLOWER_BASIC_AUTH``.
+- ``release``: the configuration check.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import requests
+from honcho.environ import parse_procfile
+
+from tests.fake_llm import Reply
+from tests.fixtures.celery_worker import history, raw_hash, seed_turns, thread_id_for, wait_until
+from tests.fixtures.live_app import ChatClient, answer_text
+from tests.test_config import PASSWORD, SECRET, clean_env, free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+PROCFILE = parse_procfile((ROOT / "Procfile").read_text()).processes
+ANSWER = {"summary": "They talked about the numbers one and two.", "pinnedDecisions": ["Keep answers short"]}
+
+
+def prod_env(settings, **values: str) -> dict[str, str]:
+    """A production environment on the test Redis and the fake LLM."""
+    env = clean_env(APP_ENV="production", REDIS_URL=settings.redis_url, SECRET_KEY=SECRET,
+                    OPENAI_BASE_URL=settings.openai_base_url, OPENAI_API_KEY="test-key", CHAT_MODEL="fake-chat",
+                    COMPACTION_MODEL="fake-compact")
+    env.update(values)
+    return env
+
+
+def start(name: str, env: dict[str, str], log: Path) -> subprocess.Popen:
+    """Run the Procfile's ``name`` command as the platform does (``bash -c``, own process group)."""
+    with open(log, "w") as out:
+        return subprocess.Popen(["bash", "-c", PROCFILE[name]], cwd=ROOT, env=env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def stop_group(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
+    """Send ``sig`` to the process group (as the platform does at a restart); return the exit code."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, sig)
+            return proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+        except ProcessLookupError:
+            pass
+    return proc.wait(5)
+
+
+def wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float = 30.0, **kwargs) -> requests.Response:
+    deadline = time.monotonic() + timeout
+    while True:
+        assert proc.poll() is None, f"exited with {proc.returncode}: {log.read_text()[-2000:]}"
+        try:
+            return requests.get(url, timeout=3, **kwargs)
+        except requests.ConnectionError:
+            assert time.monotonic() < deadline, f"no answer from {url}: {log.read_text()[-2000:]}"
+            time.sleep(0.2)
+
+
+def test_the_procfile_has_the_contract_process_types():
+    assert sorted(PROCFILE) == ["flower", "release", "web", "worker"]
+    assert PROCFILE["web"].startswith("gunicorn wsgi:app -c gunicorn.conf.py --preload --worker-class gthread ")
+    assert "--bind 0.0.0.0:${PORT:-5000}" in PROCFILE["web"]
+    assert "--threads ${WEB_THREADS:-64}" in PROCFILE["web"]  # the same default as Settings.web_threads
+    assert PROCFILE["worker"].startswith("REMAP_SIGTERM=SIGQUIT celery -A celery_app worker -Q compaction ")
+    assert "--port=${PORT:-5555}" in PROCFILE["flower"]
+
+
+def test_web_serves_http_and_websocket_chat_in_production(settings, fake_llm, tmp_path):
+    fake_llm.default = Reply(text="Hello from the fake model.")
+    port = free_port()
+    log = tmp_path / "web.log"
+    proc = start("web", prod_env(settings.with_overrides(openai_base_url=fake_llm.url), PORT=str(port),
+                                 WEB_CONCURRENCY="2", WEB_THREADS="4"), log)
+    try:
+        health = wait_http(f"http://127.0.0.1:{port}/healthz", proc, log)
+        assert (health.status_code, health.json()) == (200, {"status": "ok", "store": "up"})
+        server = type("Server", (), {"url": f"http://127.0.0.1:{port}", "ws_url": f"ws://127.0.0.1:{port}/ws/chat"})
+        client = ChatClient(server).connect()
+        try:
+            frames = client.turn("Say hello.", message_id="m-1", timeout=30)
+        finally:
+            client.close()
+        assert (frames[0]["type"], frames[-1]["type"], frames[-1]["status"]) == ("start", "done", "completed")
+        assert answer_text(frames) == "Hello from the fake model."
+        # The session cookie is Secure in production: send it by hand over this plain-http loopback.
+        thread = requests.get(server.url + "/api/chat/thread", headers={"Cookie": client.cookie_header()},
+                              timeout=10).json()
+        assert [(m["role"], m["text"]) for m in thread["messages"]] == [
+            ("user", "Say hello."), ("assistant", "Hello from the fake model.")]
+        text = log.read_text()
+        assert "Using worker: gthread" in text and text.count("Booting worker with pid") == 2
+        assert f"Listening at: http://0.0.0.0:{port}" in text
+    finally:
+        assert stop_group(proc) == 0
+
+
+def test_web_with_a_bad_configuration_prints_one_line_and_exits_3(settings, tmp_path):
+    port = free_port()
+    log = tmp_path / "web.log"
+    proc = start("web", prod_env(settings, PORT=str(free_port()),
+                                 REDIS_URL=f"redis://:{PASSWORD}@127.0.0.1:{port}/0"), log)
+    assert proc.wait(30) == 3
+    assert log.read_text() == (f"config error: REDIS_URL is unreachable (redis://:***@127.0.0.1:{port}/0): "
+                               "set REDIS_URL to a reachable Redis\n")
+
+
+@pytest.mark.slow
+def test_worker_sigterm_requeues_the_running_compaction_at_once(compaction_rig, fake_llm, tmp_path):
+    rig = compaction_rig
+    fake_llm.enqueue(Reply(json=ANSWER, delay=60), structured=True)  # the first worker is stopped during this
+    fake_llm.add_rule(Reply(json=ANSWER), structured=True)
+    tid = thread_id_for("procfile-sigterm")
+    result = seed_turns(rig.store, tid, 6)
+    before = raw_hash(rig.client, tid)
+    env = prod_env(rig.settings, WORKER_CONCURRENCY="1")
+    first = start("worker", env, tmp_path / "first.log")
+    second = None
+    try:
+        assert rig.request(tid, result)
+        fake_llm.wait_for_requests(1, "structured", timeout=60)
+        assert rig.client.llen("compaction") == 0  # taken by the first worker
+        stopped = time.monotonic()
+        stop_group(first, signal.SIGTERM, timeout=30)
+        assert time.monotonic() - stopped < 15  # did not wait for the 60 s model call
+        log = (tmp_path / "first.log").read_text()
+        assert "worker: Cold shutdown (MainProcess)" in log  # SIGTERM was remapped to SIGQUIT
+        assert "Restoring 1 unacknowledged message(s)" in log
+        # Back on the queue now, not after the visibility timeout (1 hour by default).
+        assert rig.client.llen("compaction") == 1
+        assert rig.client.zcard("unacked_index") == 0
+        assert raw_hash(rig.client, tid) == before and history(rig.client, tid) == []
+        second = start("worker", env, tmp_path / "second.log")
+        rig.wait_outcome(tid, "applied", timeout=60)
+        rig.wait_idle(tid)
+        state = rig.store.load(tid)
+        assert state.summary == ANSWER["summary"]
+        assert [m.id for m in state.messages] == [x for n in range(3, 7) for x in (f"u{n}", f"a{n}")]
+        assert [e["outcome"] for e in history(rig.client, tid)] == ["applied"]
+        assert len(fake_llm.chat_requests("structured")) == 2
+    finally:
+        for proc in (first, second):
+            if proc is not None:
+                stop_group(proc)
+
+
+def test_flower_binds_port_and_requires_basic_auth(settings, tmp_path):
+    port = free_port()
+    log = tmp_path / "flower.log"
+    proc = start("flower", prod_env(settings, PORT=str(port), FLOWER_BASIC_AUTH="ops:flower-Pa55"), log)
+    try:
+        anonymous = wait_http(f"http://127.0.0.1:{port}/api/workers", proc, log)
+        assert anonymous.status_code == 401
+        page = requests.get(f"http://127.0.0.1:{port}/", timeout=5)
+        assert (page.status_code, page.headers.get("WWW-Authenticate")) == (401, 'Basic realm="flower"')
+        wrong = requests.get(f"http://127.0.0.1:{port}/api/workers", auth=("ops", "nope"), timeout=5)
+        assert wrong.status_code == 401
+        allowed = requests.get(f"http://127.0.0.1:{port}/api/tasks", auth=("ops", "flower-Pa55"), timeout=5)
+        assert (allowed.status_code, allowed.json()) == (200, {})
+        assert "flower-Pa55" not in log.read_text()
+    finally:
+        stop_group(proc)
+
+
+def test_flower_without_basic_auth_in_production_refuses(settings, tmp_path):
+    log = tmp_path / "flower.log"
+    proc = start("flower", prod_env(settings, PORT=str(free_port())), log)
+    assert proc.wait(30) == 3
+    assert log.read_text() == ("config error: FLOWER_BASIC_AUTH is not set: set FLOWER_BASIC_AUTH=user:password "
+                               "(Flower refuses to start without it outside development)\n")
+
+
+def test_release_phase_checks_the_configuration(settings, tmp_path):
+    log = tmp_path / "release.log"
+    ok = start("release", prod_env(settings), log)
+    assert ok.wait(60) == 0
+    assert log.read_text() == (f"config ok: APP_ENV=production, store {settings.redis_url}, model provider "
+                               f"{settings.openai_base_url}, chat model fake-chat\n")
+    bad = start("release", prod_env(settings, SECRET_KEY=""), log)
+    assert bad.wait(60) == 3
+    assert log.read_text().startswith("config error: SECRET_KEY is not set: set SECRET_KEY to at least 32 ")
