@@ -96,8 +96,8 @@ def _compaction_strategy(env: dict) -> str:
     return value
 
 
-def _dev_secret_key() -> str:
-    """Return the development secret, generating it once into ``.local/secret_key``."""
+def dev_secret_key() -> str:
+    """Return the development secret (64 hex characters), generating it once into ``.local/secret_key`` (mode 0600)."""
     path = LOCAL_DIR / "secret_key"
     try:
         existing = path.read_text().strip()
@@ -226,7 +226,7 @@ class Settings:
                               ": set SECRET_KEY to at least 32 random characters in production "
                               "(python -c 'import secrets; print(secrets.token_hex(32))')")
         if not secret:
-            secret = _dev_secret_key()
+            secret = dev_secret_key()
 
         base_url = (env.get("OPENAI_BASE_URL") or "").strip() or None
         if base_url:

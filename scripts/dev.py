@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import secrets
 import socket
 import sys
 import threading
@@ -44,6 +43,9 @@ from honcho.printer import Message, Printer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import local_model  # noqa: E402  (scripts/local_model.py)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from app.settings import dev_secret_key  # noqa: E402  (the same file app/settings.py reads)
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCAL = ROOT / ".local"
@@ -70,21 +72,6 @@ def load_env(environ: dict[str, str], dotenv: Path = ROOT / ".env") -> dict[str,
         merged.update(parse_dotenv(dotenv.read_text()))
     merged.update(environ)
     return {k: v for k, v in merged.items() if v.strip() != ""}
-
-
-def dev_secret_key(path: Path = LOCAL / "secret_key") -> str:
-    """The development SECRET_KEY: 64 hex characters, generated once into ``path`` (mode 0600)."""
-    try:
-        key = path.read_text().strip()
-        if len(key) >= 32:
-            return key
-    except OSError:
-        pass
-    key = secrets.token_hex(32)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(key)
-    path.chmod(0o600)
-    return key
 
 
 def port_free(port: int) -> bool:

@@ -128,7 +128,11 @@ def load_turn_records(services, thread_id: str, limit: int = MAX_TURN_RECORDS) -
     Raises:
         redis.RedisError: the store failed.
     """
-    raw = services.redis.lrange(ThreadKeys(thread_id).stats, 0, limit - 1)
+    return _json_records(services.redis.lrange(ThreadKeys(thread_id).stats, 0, limit - 1))
+
+
+def _json_records(raw: list[str]) -> list[dict]:
+    """Decode a newest-first Redis list of JSON objects into a list oldest first, skipping bad items."""
     records = []
     for item in reversed(raw):
         try:
@@ -188,12 +192,4 @@ def load_compactions(services, thread_id: str, limit: int = 50) -> list[dict]:
         redis.RedisError: the store failed.
     """
     raw = services.redis.lrange(ThreadKeys(thread_id).compactions, 0, limit - 1)
-    out = []
-    for item in reversed(raw):
-        try:
-            record = json.loads(item)
-        except ValueError:
-            continue
-        if isinstance(record, dict):
-            out.append(public_compaction(record))
-    return out
+    return [public_compaction(record) for record in _json_records(raw)]
