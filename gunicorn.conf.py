@@ -34,3 +34,8 @@ def child_exit(server, worker):
     from prometheus_client import multiprocess
 
     multiprocess.mark_process_dead(worker.pid)
+
+
+# gthread: accept no more connections than a worker has threads.  Each open websocket holds a
+# thread; without this a worker accepts sockets it cannot serve while another worker idles.
+worker_connections = int(os.environ.get("WEB_THREADS", "64"))

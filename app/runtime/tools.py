@@ -17,6 +17,7 @@ import json
 import math
 import operator
 from dataclasses import dataclass
+from functools import lru_cache
 from datetime import datetime
 from typing import Any, Callable
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -136,8 +137,12 @@ def current_time(timezone: str = "UTC", *, now: Callable[[ZoneInfo], datetime] |
     return f"{moment.isoformat(timespec='seconds')} ({moment.strftime('%A')}, {name})"
 
 
+@lru_cache(maxsize=1)
 def tool_specs() -> list[dict]:
-    """The ``tools`` parameter for chat completions (JSON Schema per function)."""
+    """The ``tools`` parameter for chat completions (JSON Schema per function).
+
+    Built once per process (the resource documents ship with the code); treat it as read-only.
+    """
     resources = list_resources()
     listing = "; ".join(f"{r.uri} ({r.title})" for r in resources) or "none"
     return [
