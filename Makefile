@@ -24,7 +24,7 @@ model: $(LOCAL_STAMP)
 	$(BIN)/python scripts/local_model.py fetch
 
 run: model
-	$(BIN)/python scripts/dev.py
+	$(BIN)/python scripts/dev.py || test $$? -eq 130  # Ctrl+C is the normal way to stop
 
 test: model
 	$(BIN)/python -m pytest

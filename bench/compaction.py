@@ -75,6 +75,7 @@ from app.store.keys import ThreadKeys  # noqa: E402
 from tests.fake_llm import FakeLLM, Reply, split_tokens  # noqa: E402
 from tests.fixtures.celery_worker import history, user_text  # noqa: E402
 from tests.fixtures.live_app import ChatClient, LiveServer  # noqa: E402
+from tests.polling import wait_until  # noqa: E402
 import workers.compaction as compaction_module  # noqa: E402
 
 TARGET_RATIO = 1.1
@@ -103,15 +104,7 @@ def load_average() -> str:
     return ", ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def wait_until(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.02)
+
 
 
 class CompactionSwitch:
@@ -325,7 +318,7 @@ def report(r: dict, compaction_delay: float) -> str:
     a, i = r["async"], r["inline"]
     verdict = "OK" if a["ratio"] <= TARGET_RATIO else "OVER TARGET"
     p = PROFILES[r["profile"]]
-    chat = (f"20 tokens at once" if not p["first_token_delay"] and not p["token_delay"] else
+    chat = ("20 tokens at once" if not p["first_token_delay"] and not p["token_delay"] else
             f"first token after {p['first_token_delay'] * 1000:.0f} ms, then 20 tokens "
             f"{p['token_delay'] * 1000:.0f} ms apart")
     return "\n".join([

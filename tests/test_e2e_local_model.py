@@ -31,6 +31,7 @@ import pytest
 import requests
 
 from tests.fixtures.live_app import ChatClient, answer_text
+from tests.polling import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_NAME = "qwen2.5-coder-0.5b-instruct"
@@ -88,15 +89,7 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
-def wait_until(predicate, timeout: float, message: str, interval: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {message}")
-        time.sleep(interval)
+
 
 
 @pytest.fixture

@@ -293,7 +293,7 @@ def test_metrics_add_up_across_gunicorn_processes(redis_url, fake_llm, tmp_path)
     server = SimpleNamespace(url=base, ws_url=f"ws://127.0.0.1:{port}/ws/chat")
     held: list[ChatClient] = []
     try:
-        wait_until(lambda: _healthy(base), 20, 0.1, message="gunicorn to answer")
+        wait_until(lambda: _healthy(base), 20, message="gunicorn to answer", interval=0.1)
         assert not (prom / "counter_999999.db").exists()
         fake_llm.default = Reply(text="hello from one of the processes", first_token_delay=0.05)
 

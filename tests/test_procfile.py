@@ -28,7 +28,7 @@ import requests
 from honcho.environ import parse_procfile
 
 from tests.fake_llm import Reply
-from tests.fixtures.celery_worker import history, raw_hash, seed_turns, thread_id_for, wait_until
+from tests.fixtures.celery_worker import history, raw_hash, seed_turns, thread_id_for
 from tests.fixtures.live_app import ChatClient, answer_text
 from tests.test_config import PASSWORD, SECRET, clean_env, free_port
 

@@ -8,7 +8,7 @@ are immutable; every change produces a new value.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 
 ROLES = ("user", "assistant")
