@@ -3,12 +3,13 @@
 The context meter and the token chart update after each turn, pin and unpin work in
 the memory panel, a thumbs-down is stored (read back from Redis), the inspector shows
 what the model saw, and the panel is photographed into ``test-output/memory-panel.png``
-(copied to ``docs/memory-panel.png`` for the README).
+(copied to ``docs/memory-panel.png`` for the README when ``UPDATE_DOCS_SCREENSHOT=1``).
 """
 
 from __future__ import annotations
 
 import re
+import os
 import shutil
 
 import pytest
@@ -159,7 +160,6 @@ def test_memory_panel_meter_chart_pins_feedback_and_screenshot(make_live_app, ap
     page.screenshot(path=str(shot), full_page=False)
     panel = OUTPUT_DIR / "memory-panel-only.png"
     page.get_by_test_id("memory-panel").screenshot(path=str(panel))
-    docs = ROOT / "docs"
-    docs.mkdir(exist_ok=True)
-    shutil.copyfile(shot, docs / "memory-panel.png")
-    assert shot.stat().st_size > 10_000 and (docs / "memory-panel.png").read_bytes() == shot.read_bytes()
+    assert shot.stat().st_size > 10_000 and panel.stat().st_size > 5_000
+    if os.environ.get("UPDATE_DOCS_SCREENSHOT") == "1":  # refresh the README's picture on purpose only
+        shutil.copyfile(shot, ROOT / "docs" / "memory-panel.png")
