@@ -8,8 +8,8 @@ what the model saw, and the panel is photographed into ``test-output/memory-pane
 
 from __future__ import annotations
 
-import re
 import os
+import re
 import shutil
 
 import pytest
