@@ -11,9 +11,10 @@ import threading
 
 import pytest
 
-from app.memory.context import PINS_HEADER
+from app.memory.context import PINS_HEADER, PINS_MAX_PROMPT_SHARE, pins_prompt_tokens
 from app.memory.hydration import find_forbidden_key
 from app.memory.state import Pin
+from app.memory.tokens import TokenCounter
 from app.settings import MemoryLimits
 from tests.fake_llm import Reply
 from tests.fixtures.celery_worker import WORDS, user_text
@@ -107,6 +108,26 @@ def test_pin_limit_is_a_clear_409(make_live_app, app_settings):
     assert client.thread()["pinnedDecisions"] == ["decision number 0", "decision number 1", "decision number 2"]
     assert unpin(client, 1).status_code == 200
     assert pin(client, text="one too many").status_code == 201
+
+
+def test_pins_that_would_crowd_out_the_conversation_are_refused(chat):
+    """Pins are never cut from a prompt, so together they may take at most a quarter of the budget."""
+    long_chinese = ("我们决定把年度团队活动安排在里斯本的河边场地举行并预留工作坊房间" * 10)[:300]
+    accepted = 0
+    response = None
+    for i in range(20):
+        response = pin(chat, text=f"{i} {long_chinese}"[:300])
+        if response.status_code != 201:
+            break
+        accepted += 1
+    assert response.status_code == 409 and response.json()["error"]["code"] == "pin_limit"
+    assert "too long to fit" in response.json()["error"]["message"]
+    kept = chat.thread()["pinnedDecisions"]
+    assert len(kept) == accepted and 1 <= accepted < 20
+    counter = TokenCounter()
+    assert pins_prompt_tokens(kept, counter) <= int((8192 - 1024) * PINS_MAX_PROMPT_SHARE)
+    # the thread still takes turns
+    assert chat.turn("还记得吗？")[-1]["status"] == "completed"
 
 
 def test_duplicates_are_refused_and_a_model_pin_becomes_the_persons(chat, store):

@@ -76,6 +76,15 @@ def format_summary(summary: str) -> str:
 
 
 SHORTENED_MARK = " …"
+PINS_MAX_PROMPT_SHARE = 0.25
+"""Share of the prompt budget the pins message may take: pins are never cut from a prompt, so a
+person's new pin that would take more is refused (otherwise a thread of long pins, e.g. 20 Chinese
+decisions of 300 characters, ~7k tokens, could never take another turn)."""
+
+
+def pins_prompt_tokens(pins: list[str], counter: TokenCounter) -> int:
+    """Tokens the numbered pins message costs in a prompt (0 without pins)."""
+    return counter.message("system", format_pins(pins)) if pins else 0
 
 
 def shorten_to_tokens(summary: str, max_message_tokens: int, counter: TokenCounter) -> str:

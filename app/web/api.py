@@ -26,6 +26,7 @@ import redis
 from flask import Blueprint, Response, request
 
 from app.extensions import services
+from app.memory.context import PINS_MAX_PROMPT_SHARE, pins_prompt_tokens
 from app.memory.schemas import MESSAGE_ID_RE
 from app.memory.state import PINNED_BY_PERSON, Pin
 from app.observability import accounting, feedback, metrics
@@ -182,7 +183,17 @@ def _pin_text(body: dict, state, limits) -> str:
     return text
 
 
-def _with_new_pin(state, text: str, limits) -> list[Pin]:
+def _with_new_pin(state, text: str, limits, *, counter=None, max_tokens: int | None = None) -> list[Pin]:
+    """The pins with ``text`` pinned by the person; refused over the count limit or, when
+    ``max_tokens`` is given, when the pins message would cost more than ``max_tokens`` tokens."""
+    pins = _pins_with(state, text, limits)
+    if max_tokens is not None and pins_prompt_tokens([p.text for p in pins], counter) > max_tokens:
+        raise PinRefused(409, "pin_limit", "The pinned decisions are too long to fit beside the conversation. "
+                                           "Unpin one, or pin something shorter.")
+    return pins
+
+
+def _pins_with(state, text: str, limits) -> list[Pin]:
     pins = list(state.pins)
     key = _normalized(text)
     for i, pin in enumerate(pins):
@@ -239,7 +250,10 @@ def add_pin():
         return error(400, "bad_request", 'Send a JSON object with "text" or "messageId".')
     limits = services().settings.limits
     try:
-        pins = _change_pins("pin", lambda state: _with_new_pin(state, _pin_text(body, state, limits), limits))
+        svc = services()
+        max_tokens = int(svc.settings.prompt_budget * PINS_MAX_PROMPT_SHARE)
+        pins = _change_pins("pin", lambda state: _with_new_pin(state, _pin_text(body, state, limits), limits,
+                                                               counter=svc.counter, max_tokens=max_tokens))
     except PinRefused as refused:
         return error(refused.status, refused.code, refused.message)
     return guarded_json({"pinnedDecisions": pins}, 201)
