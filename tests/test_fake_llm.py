@@ -239,8 +239,10 @@ def test_first_token_and_token_delays(any_llm):
         if ch.choices and ch.choices[0].delta.content:
             times.append(time.monotonic() - t0)
     assert len(times) == 4
-    assert 0.18 <= times[0] < 0.6
-    assert 0.13 <= times[-1] - times[0] < 0.6  # three gaps of 0.05 s
+    # Lower bounds only hold whatever the machine's load: a token can arrive late, never early.
+    assert 0.18 <= times[0] < 1.5  # the first token after 0.2 s
+    assert times[-1] >= 0.33  # the last after 0.2 + 3 x 0.05 s
+    assert times[-1] < 2.0
 
 
 def test_client_close_after_three_tokens_is_recorded_promptly(any_llm):
@@ -259,7 +261,7 @@ def test_client_close_after_three_tokens_is_recorded_promptly(any_llm):
     assert got == ["word0", " word1", " word2"]
     assert rec.outcome == "aborted" and rec.aborted
     assert 3 <= rec.tokens_sent <= 4
-    assert rec.end_time - closed_at < 0.2
+    assert rec.end_time - closed_at < 0.5  # far less than the 1.85 s the 37 unsent tokens would take
 
 
 def test_reject_json_schema_like_llama_cpp_python():
