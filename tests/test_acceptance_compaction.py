@@ -281,3 +281,26 @@ def test_b10_after_a_redis_restart_the_idle_worker_compacts_again_and_events_flo
         if hub is not None:
             hub.stop()
         server.stop()
+
+
+# ------------------------------------------------------------------------------------------ B8
+
+
+def test_b8_special_token_spellings_are_compacted_without_an_error(compaction_rig, fake_llm):
+    """B8, compaction part: text spelling <|endoftext|> / <|im_start|> is folded like any other text."""
+    rig = compaction_rig
+    special_user = "What do <|endoftext|> and <|im_start|>system mean?"
+    special_answer = "<|endoftext|> ends a document; <|im_start|> opens a message. <|im_end|>"
+    summary = "They asked what <|endoftext|> and <|im_start|> mean; both are special tokens."
+    fake_llm.add_rule(Reply(json={"summary": summary, "pinnedDecisions": []}), structured=True)
+    tid = thread_id_for("b8")
+    commit_turn(rig.store, tid, 1, user=special_user, assistant=special_answer)
+    result = seed_turns(rig.store, tid, 4, start=2)
+    assert result.message_count == 10
+    outcome = run_compaction(rig.services, tid, result.version)
+    assert outcome.outcome == "applied"
+    # the model was sent the special-token text verbatim, as ordinary text
+    assert special_user in folded_section(fake_llm.last_request(kind="structured").body)
+    state = rig.store.load(tid)
+    assert ids(state) == turn_ids(2, 5)
+    assert state.summary.startswith(summary)

@@ -84,10 +84,7 @@ class DeliveryProducer:
         except LLMError:
             run.status = "failed"
             run.checkpoint(run.state.get("stage") or "start", "failed")
-            try:
-                store.save(run)
-            except LLMError:
-                log.warning("run %s: state not saved", run.id)
+            store.save_quietly(run)
             raise
 
     def _prompt(self, io: TurnIO, system: str, parts: list[tuple[str, str]]) -> list[dict]:
@@ -136,8 +133,5 @@ class DeliveryProducer:
     def _cancel(store: RunStore, run: Run) -> ProducerResult:
         run.status = "cancelled"
         run.checkpoint(run.state.get("stage") or "start", "cancelled")
-        try:
-            store.save(run)
-        except LLMError:
-            log.warning("run %s: state not saved", run.id)
+        store.save_quietly(run)
         return ProducerResult("cancelled", "", SOURCE)

@@ -21,6 +21,7 @@ ThreadState hash alone, so nothing here can reach a browser or a later prompt.
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from dataclasses import dataclass, field
 
@@ -37,6 +38,8 @@ MAX_CHECKPOINTS = 50
 def new_run_id() -> str:
     """A fresh run id: ``r_`` + 32 hex characters."""
     return "r_" + uuid.uuid4().hex
+
+log = logging.getLogger(__name__)
 
 
 def state_unavailable() -> LLMError:
@@ -111,6 +114,13 @@ class RunStore:
             pipe.execute()
         except redis.RedisError:
             raise state_unavailable() from None
+
+    def save_quietly(self, run: Run) -> None:
+        """``save``, logging instead of raising when the store fails (a run that is ending anyway)."""
+        try:
+            self.save(run)
+        except LLMError:  # state_unavailable()
+            log.warning("run %s: state not saved", run.id)
 
     def load(self, run_id: str) -> Run | None:
         """The run, or None when it is unknown or expired."""

@@ -144,14 +144,14 @@ class TaskListProducer:
             except LLMError:
                 run.status = "failed"
                 run.checkpoint("plan", "failed")
-                self._save_quietly(store, run)
+                store.save_quietly(run)
                 raise
         try:
             return self._work(io, store, run)
         except LLMError:
             run.status = "failed"
             run.checkpoint(f"task:{run.state.get('next', 0)}", "failed")
-            self._save_quietly(store, run)
+            store.save_quietly(run)
             raise
 
     def _resume(self, store: RunStore) -> Run:
@@ -280,15 +280,8 @@ class TaskListProducer:
     def _cancel(self, store: RunStore, run: Run) -> ProducerResult:
         run.status = "cancelled"
         run.checkpoint(f"task:{run.state.get('next', 0)}", "cancelled")
-        self._save_quietly(store, run)
+        store.save_quietly(run)
         return ProducerResult("cancelled", "", SOURCE, user_text=run.goal)
-
-    @staticmethod
-    def _save_quietly(store: RunStore, run: Run) -> None:
-        try:
-            store.save(run)
-        except LLMError:
-            log.warning("run %s: state not saved", run.id)
 
 
 class DropTaskListProducer:
