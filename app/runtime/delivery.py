@@ -16,7 +16,6 @@ the run state.
 
 from __future__ import annotations
 
-import logging
 
 from app.chat.turn import ProducerResult, TurnIO
 from app.llm.provider import LLMError
@@ -24,7 +23,6 @@ from app.runtime.budget import Room
 from app.runtime.llm_calls import complete_json, complete_text
 from app.runtime.run_store import Run, RunStore, new_run_id
 
-log = logging.getLogger(__name__)
 
 SOURCE = "delivery-chain"
 STAGES = ("plan", "build", "review")
@@ -121,12 +119,9 @@ class DeliveryProducer:
         for start in range(0, len(report), DELTA_CHARS):
             if not io.delta(report[start:start + DELTA_CHARS]):
                 return self._cancel(store, run)
-        run.status = status
         run.artifact = report
-        run.final = {"status": status, "source": SOURCE, "userText": self.goal, "text": report,
-                     "userId": io.user_id, "assistantId": io.message_id}
-        run.checkpoint("report", status)
-        store.save(run)
+        store.finish(run, status=status, text=report, source=SOURCE, user_text=self.goal, step="report",
+                     user_id=io.user_id, assistant_id=io.message_id)
         return ProducerResult(status, report, SOURCE, user_text=self.goal)
 
     @staticmethod

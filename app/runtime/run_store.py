@@ -115,6 +115,19 @@ class RunStore:
         except redis.RedisError:
             raise state_unavailable() from None
 
+    def finish(self, run: Run, *, status: str, text: str, source: str, user_text: str, step: str,
+               user_id: str, assistant_id: str) -> None:
+        """Mark ``run`` finished (``final``/``completed``/``blocked``) with the final turn it produced, and save.
+
+        ``run.final`` keeps the exact turn (texts and stable ids) so a second observer can write it
+        again harmlessly: the memory core's dedupe drops it (issue 6 item 5).
+        """
+        run.status = status
+        run.final = {"status": status, "source": source, "userText": user_text, "text": text,
+                     "userId": user_id, "assistantId": assistant_id}
+        run.checkpoint(step, status)
+        self.save(run)
+
     def save_quietly(self, run: Run) -> None:
         """``save``, logging instead of raising when the store fails (a run that is ending anyway)."""
         try:

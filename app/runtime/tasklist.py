@@ -19,7 +19,6 @@ The task list, its Markdown artifact, task outputs and checkpoints stay in the r
 
 from __future__ import annotations
 
-import logging
 
 from app.chat.turn import ProducerResult, TurnIO
 from app.llm.provider import LLMError
@@ -27,7 +26,6 @@ from app.runtime.budget import Room
 from app.runtime.llm_calls import complete_json, invalid_answer, stream_text
 from app.runtime.run_store import Run, RunStore, new_run_id
 
-log = logging.getLogger(__name__)
 
 SOURCE = "tasklist-agent"
 MAX_TASKS = 6
@@ -270,11 +268,8 @@ class TaskListProducer:
             return self._cancel(store, run)
         if not text.strip():
             raise invalid_answer()
-        run.status = status
-        run.final = {"status": status, "source": SOURCE, "userText": run.goal, "text": text,
-                     "userId": io.user_id, "assistantId": io.message_id}
-        run.checkpoint("final", status)
-        store.save(run)
+        store.finish(run, status=status, text=text, source=SOURCE, user_text=run.goal, step="final",
+                     user_id=io.user_id, assistant_id=io.message_id)
         return ProducerResult(status, text, SOURCE, user_text=run.goal)
 
     def _cancel(self, store: RunStore, run: Run) -> ProducerResult:
