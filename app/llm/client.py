@@ -14,7 +14,7 @@ import logging
 import socket
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterator
 
 import openai
@@ -42,7 +42,6 @@ class StreamStats:
     first_token_at: float | None = None
     attempts: int = 0
     finish_reason: str | None = None
-    extra: dict = field(default_factory=dict)
 
 
 def _retryable(exc: BaseException) -> bool:
