@@ -15,12 +15,13 @@ defaults (``MEMORY_RECENT_TURNS=4``) the fifth (messages 9 and 10) is the one th
 The user-visible latency of a turn is the time from sending the ``message`` frame to receiving its ``done``
 frame.  Two variants, interleaved thread by thread in the same run:
 
-  * async (the service): the turn runner enqueues the compaction and sends ``done``; the worker folds the
-    thread about a second later.  Afterwards every such thread must hold a non-empty summary and 8 messages.
+  * async (the service): the turn runner commits, sends ``done``, then enqueues the compaction; the worker
+    folds the thread about a second later.  Afterwards every such thread must hold a non-empty summary and 8 messages.
   * inline (the baseline): the same turn with the same compaction run synchronously before ``done``:
     this process's ``workers.compaction.request_compaction`` is replaced by a function that runs
     ``run_compaction`` (the task's body: re-read, model call, validation, Lua commit) in the turn's thread
-    when a compaction is due.  No app code changes; only this process is patched.
+    when a compaction is due, and ``Turn._commit`` asks for it right after the commit, before ``done``.
+    No app code changes; only this process is patched.
 
 Reported per chat-model profile (``instant``: 20 tokens at once; ``paced``: 50 ms to the first token then
 5 ms per token): the median latency of turn 4 (the last turn that triggers nothing, same thread, nearly the
@@ -69,6 +70,7 @@ os.environ.setdefault("APP_ENV", "test")
 import redis  # noqa: E402
 
 from app import create_app  # noqa: E402
+from app.chat.turn import Turn  # noqa: E402
 from app.memory import compaction as domain  # noqa: E402
 from app.settings import Settings  # noqa: E402
 from app.store.keys import ThreadKeys  # noqa: E402
@@ -151,6 +153,17 @@ class CompactionSwitch:
 
     def install(self, services):
         compaction_module.request_compaction = self
+        original_commit = self.original_commit = Turn._commit
+        switch = self
+
+        def commit(turn, result):  # inline: compact right after the commit, before done
+            appended = original_commit(turn, result)
+            if switch.inline and appended is not None:
+                turn._request_compaction(appended, result)
+                return None  # nothing left to request after done
+            return appended
+
+        Turn._commit = commit
         mark = services.store.mark_compaction_pending
 
         def timed_mark(*args, **kwargs):  # an instance attribute of this process's store only
@@ -165,6 +178,7 @@ class CompactionSwitch:
 
     def uninstall(self):
         compaction_module.request_compaction = self.original
+        Turn._commit = self.original_commit
 
 
 # -- the worker --------------------------------------------------------------------------------------------------
@@ -258,6 +272,11 @@ def run_profile(name: str, *, llm: FakeLLM, server: LiveServer, services, client
         switch.triggered.clear()
         switch.inline = False
         tid_a, lat_a = run_thread(server, TRIGGER_TURN)
+        # the request follows done: wait for it before the next variant patches the path
+        try:
+            wait_until(lambda: switch.triggered, 5, "the async compaction request")
+        except TimeoutError:
+            pass
         if switch.triggered != [tid_a]:
             raise AssertionError(f"async: expected one compaction request on turn {TRIGGER_TURN}, "
                                  f"got {len(switch.triggered)}")

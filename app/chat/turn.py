@@ -3,7 +3,7 @@
 A turn's life (contract: WebSocket; issue 3 item 3)::
 
     start -> delta* (and display-only tool/progress frames) -> commit (completed/blocked only)
-          -> compaction request -> done
+          -> done -> compaction request (due? marker + enqueue)
        \\-> cancel: done "cancelled", nothing written
        \\-> upstream failure: error + done "failed", nothing written
 
@@ -293,12 +293,18 @@ class Turn:
                 return
             self._phase = COMMITTING
         outcome.answer = result.text
-        self._commit(result)
+        commit = self._commit(result)
         with self._lock:
             self._finish(DONE_STATUS[result.status])
+        if commit is not None:
+            # After done: enqueueing costs a Celery publish (~2 ms) that the person need not wait for.
+            self._request_compaction(commit, result)
 
-    def _commit(self, result: ProducerResult) -> None:
-        """Write the final turn once; request a compaction when due.  Failures are logged only."""
+    def _commit(self, result: ProducerResult):
+        """Write the final turn once; return the ``CommitResult`` when appended, else None.
+
+        Failures are logged only: memory trouble never changes what the person received.
+        """
         store = self.services.store
         user_text = result.user_text or self.text
         try:
@@ -312,11 +318,13 @@ class Turn:
             log.error("turn on %s not written: store unavailable", self.thread_id[:13])
             return
         self.outcome.committed = commit.appended
-        if not commit.appended:
-            return
+        return commit if commit.appended else None
+
+    def _request_compaction(self, commit, result: ProducerResult) -> None:
+        """Ask for a compaction when one is due after this commit (issue 4 item 2); never raises."""
         counter = self.services.counter
         uncompacted = sum(counter.count(m.text) for m in self.state.messages) + \
-            counter.count(user_text) + counter.count(result.text)
+            counter.count(result.user_text or self.text) + counter.count(result.text)
         try:
             from workers.compaction import request_compaction
             request_compaction(self.services, self.thread_id, message_count=commit.message_count,
