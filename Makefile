@@ -7,14 +7,17 @@ LOCAL_STAMP := $(VENV)/.installed-local
 
 .PHONY: run test install model bench replay clean
 
-$(STAMP): requirements.txt
+$(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -r requirements.txt
+	$(BIN)/python -m pip install -r requirements.txt -e .
 	touch $(STAMP)
 
-$(LOCAL_STAMP): $(STAMP) requirements-local.txt
-	@echo "llama-cpp-python: the first install compiles llama.cpp (about 5 minutes on 2 cores); pip caches it afterwards"
+# llama-cpp-python comes from scripts/install_llama.py: built once per machine for every x86-64 CPU
+# (runtime CPU dispatch) into a wheel folder keyed by its build configuration, outside the clone;
+# requirements-local.txt then adds only the server's dependencies.
+$(LOCAL_STAMP): $(STAMP) requirements-local.txt scripts/install_llama.py
+	$(BIN)/python scripts/install_llama.py
 	$(BIN)/python -m pip install -r requirements-local.txt
 	touch $(LOCAL_STAMP)
 

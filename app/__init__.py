@@ -5,10 +5,14 @@ from __future__ import annotations
 import logging
 from datetime import timedelta
 
-from flask import Flask, jsonify
+from flask import Flask
 
 from app.extensions import Services
 from app.settings import Settings
+from app.web.responses import register_errorhandlers
+
+# Loggers that write request bodies (prompt text) at DEBUG; kept at INFO unless MEMORY_DEBUG_LOG_CONTENT=1.
+CONTENT_LOGGERS = ("openai",)
 
 
 def create_app(settings: Settings | None = None) -> Flask:
@@ -31,7 +35,7 @@ def create_app(settings: Settings | None = None) -> Flask:
 
 
 def configure(app: Flask, settings: Settings) -> None:
-    """Flask configuration derived from the settings (cookie policy of the contract's Identity)."""
+    """Flask configuration derived from the settings (cookie policy of docs/contract.md: Identity)."""
     app.config.update(
         SECRET_KEY=settings.secret_key,
         SESSION_COOKIE_NAME="chat_session",
@@ -47,6 +51,11 @@ def configure(app: Flask, settings: Settings) -> None:
         JSON_SORT_KEYS=False,
     )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not settings.debug_log_content:
+        for name in CONTENT_LOGGERS:
+            logger = logging.getLogger(name)
+            if logger.level == logging.NOTSET or logger.level < logging.INFO:
+                logger.setLevel(logging.INFO)
 
 
 def register_extensions(app: Flask, settings: Settings) -> None:
@@ -60,14 +69,15 @@ def register_extensions(app: Flask, settings: Settings) -> None:
 
 
 def register_blueprints(app: Flask) -> None:
-    """The page, the JSON API and the websocket route."""
-    from app.chat.ws import bp as chat_bp
+    """The page and the thread, the websocket route (origin-checked), the JSON API by feature."""
+    from app.web.api import BLUEPRINTS as api_blueprints
     from app.web.routes import bp as web_bp
-    from app.web.api import bp as api_bp
+    from app.web.security import chat_bp  # the chat blueprint, with its origin check
 
     app.register_blueprint(web_bp)
     app.register_blueprint(chat_bp)
-    app.register_blueprint(api_bp)
+    for blueprint in api_blueprints:
+        app.register_blueprint(blueprint)
 
 
 CONTENT_SECURITY_POLICY = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -83,18 +93,3 @@ def register_security_headers(app: Flask) -> None:
         response.headers.setdefault("X-Content-Type-Options", "nosniff")
         response.headers.setdefault("Referrer-Policy", "same-origin")
         return response
-
-
-def register_errorhandlers(app: Flask) -> None:
-    """JSON errors without exception text."""
-
-    def handle(code: int, name: str, message: str):
-        def handler(_error):
-            return jsonify({"error": {"code": name, "message": message}}), code
-        app.register_error_handler(code, handler)
-
-    handle(400, "bad_request", "The request could not be understood.")
-    handle(404, "not_found", "Not found.")
-    handle(405, "method_not_allowed", "Method not allowed.")
-    handle(413, "too_large", "The request is too large.")
-    handle(500, "internal", "Something went wrong.")

@@ -1,19 +1,25 @@
-"""The process-wide services the web app and the workers share: Redis, the store, the tokenizer, the LLM client.
+"""The process-wide services the web app and the workers share: Redis, the store, the tokenizer, the LLM clients.
 
 ``Services`` is built once per process by ``create_app`` and kept in
-``app.extensions["chat"]``; use ``services()`` inside a request or task.
+``app.extensions["chat"]``; use ``services()`` inside a request or task.  It is where
+the layers are wired together (for example the store's error hook to the metrics).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Callable
 
 import redis
 from flask import current_app
 
+from app.llm.client import LLMClient
+from app.llm.structured import StructuredClient, compaction_endpoint
 from app.memory.tokens import TokenCounter, counter_for
+from app.observability.metrics import count_store_error
 from app.settings import Settings
+from app.store.provider_caps import ProviderCaps
 from app.store.redis_client import make_redis
 from app.store.thread_store import ThreadStore
 
@@ -27,13 +33,16 @@ class Services:
     @cached_property
     def redis(self) -> redis.Redis:
         """The Redis client (pool sized to the web threads plus headroom)."""
-        return make_redis(self.settings.redis_url, max_connections=self.settings.web_threads + 16,
+        return make_redis(self.settings.redis_url, cluster=self.settings.redis_cluster,
+                          max_connections=self.settings.web_threads + 16,
                           socket_timeout=self.settings.redis_socket_timeout)
 
     @cached_property
     def store(self) -> ThreadStore:
-        """The ThreadState store."""
-        return ThreadStore(self.redis, self.settings.limits, self.settings.memory_ttl_seconds)
+        """The ThreadState store; its Redis failures are counted in the metrics."""
+        return ThreadStore(self.redis, self.settings.limits, self.settings.memory_ttl_seconds,
+                           on_error=count_store_error, wait_replicas=self.settings.memory_wait_replicas,
+                           wait_timeout_ms=self.settings.memory_wait_timeout_ms)
 
     @cached_property
     def counter(self) -> TokenCounter:
@@ -41,10 +50,43 @@ class Services:
         return counter_for(self.settings.chat_model, self.settings.tokenizer_encoding)
 
     @cached_property
-    def llm(self):
-        """The LLM client (``app.llm.client.LLMClient``)."""
-        from app.llm.client import LLMClient
+    def llm(self) -> LLMClient:
+        """The chat model's streaming client."""
         return LLMClient(self.settings)
+
+    @cached_property
+    def provider_caps(self) -> ProviderCaps:
+        """What the chat model's provider (``OPENAI_BASE_URL``) was found to refuse, shared by every process."""
+        return ProviderCaps(self.redis, self.settings.openai_base_url)
+
+    @cached_property
+    def compaction_llm(self) -> StructuredClient:
+        """Structured (JSON) answers of ``COMPACTION_MODEL`` (at ``compaction_endpoint(settings)``) for compaction."""
+        return StructuredClient.for_compaction(
+            self.settings, ProviderCaps(self.redis, compaction_endpoint(self.settings)))
+
+    @cached_property
+    def structured(self) -> StructuredClient:
+        """Structured (JSON) answers of ``CHAT_MODEL`` for the runtime (task list, delivery review)."""
+        settings = self.settings
+        return StructuredClient(self.llm.client, model=settings.chat_model, record=self.provider_caps,
+                                max_retries=settings.llm_max_retries, connect_timeout=settings.llm_connect_timeout,
+                                timeout=settings.llm_turn_timeout)
+
+    send_compaction: Callable[[str, int], None] | None = None
+    """Publishes the compaction task for ``(thread_id, version)``; set by ``create_app`` once Celery exists."""
+
+    @cached_property
+    def compaction_requests(self):
+        """How a turn asks for a compaction (``app.compaction.requests.CompactionRequests``)."""
+        from app.compaction.requests import CompactionRequests
+
+        def send(thread_id: str, version: int) -> None:
+            if self.send_compaction is None:
+                raise RuntimeError("no Celery app to publish compactions with")
+            self.send_compaction(thread_id, version)
+
+        return CompactionRequests(self.store, self.settings, send)
 
 
 def services() -> Services:

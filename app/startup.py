@@ -4,10 +4,13 @@
 celery_app`` command) call ``settings_or_exit``.  It reads ``Settings.from_env``
 and then checks what that role needs:
 
-- every role: the variables are well formed, ``SECRET_KEY`` is set in production;
+- every role: the variables are well formed, ``SECRET_KEY`` is set in production,
+  ``CELERY_BROKER_URL`` is set with ``REDIS_CLUSTER=1``;
 - ``web`` in production, and every Celery role: the store answers PING within
-  ``REDIS_SOCKET_TIMEOUT_SECONDS`` (2 s);
-- ``flower`` outside development: ``FLOWER_BASIC_AUTH`` is set (contract).
+  ``REDIS_SOCKET_TIMEOUT_SECONDS`` (2 s) and is a cluster node exactly when
+  ``REDIS_CLUSTER=1``; a separate ``CELERY_BROKER_URL`` answers too (and is not a
+  cluster node, which Celery's Redis transport cannot use);
+- ``flower`` outside development: ``FLOWER_BASIC_AUTH`` is set (docs/contract.md: Configuration).
 
 On a problem it prints exactly one line to stderr, for example::
 
@@ -27,7 +30,7 @@ from typing import NoReturn
 import redis
 
 from app.settings import ConfigError, Settings, mask_url
-from app.store.redis_client import ping
+from app.store.redis_client import celery_broker_url, ping
 
 EXIT_CONFIG = 3
 
@@ -49,7 +52,8 @@ def store_problem(settings: Settings, environ: dict | None = None) -> str | None
     name = "REDIS_TLS_URL" if (env.get("REDIS_TLS_URL") or "").strip() else "REDIS_URL"
     shown = mask_url(settings.redis_url)
     try:
-        ping(settings.redis_url, timeout=settings.redis_socket_timeout)
+        cluster_enabled = str(ping(settings.redis_url, timeout=settings.redis_socket_timeout)
+                              .get("cluster_enabled", 0)) == "1"
     except redis.AuthenticationError:
         return f"{name} was refused by the store ({shown}): set {name} with the right password"
     except redis.ResponseError as exc:
@@ -58,6 +62,48 @@ def store_problem(settings: Settings, environ: dict | None = None) -> str | None
         return f"{name} answered PING with an error ({kind}) ({shown}): set {name} to a usable Redis"
     except (redis.RedisError, OSError, ValueError):
         return f"{name} is unreachable ({shown}): set {name} to a reachable Redis"
+    if settings.redis_cluster and not cluster_enabled:
+        return (f"{name} names a Redis that is not in cluster mode ({shown}): set {name} to a node of a Redis "
+                "Cluster, or unset REDIS_CLUSTER")
+    if cluster_enabled and not settings.redis_cluster:
+        return (f"{name} names a node of a Redis Cluster ({shown}): set REDIS_CLUSTER=1 and CELERY_BROKER_URL, "
+                f"or set {name} to a plain Redis")
+    return None
+
+
+def broker_problem(settings: Settings) -> str | None:
+    """None when ``CELERY_BROKER_URL`` is unset (the store is the broker) or answers; else the one-line problem."""
+    url = settings.celery_broker_url
+    if not url or (url == settings.redis_url and not settings.redis_cluster):  # the store's check covers it
+        return None
+    shown = mask_url(url)
+    if url.startswith(("amqp://", "amqps://")):
+        import amqp.exceptions
+        import kombu
+
+        connection = kombu.Connection(celery_broker_url(url), connect_timeout=settings.redis_socket_timeout)
+        try:
+            connection.connect()
+        except amqp.exceptions.AccessRefused:
+            return (f"CELERY_BROKER_URL was refused by the broker ({shown}): set CELERY_BROKER_URL with the right "
+                    "user and password")
+        except amqp.exceptions.NotAllowed:
+            return (f"CELERY_BROKER_URL names a virtual host the broker does not allow ({shown}): create it or "
+                    "set CELERY_BROKER_URL to an existing one")
+        except Exception:  # refused, unresolvable, timed out, TLS
+            return f"CELERY_BROKER_URL is unreachable ({shown}): set CELERY_BROKER_URL to a reachable broker"
+        finally:
+            connection.release()
+        return None
+    try:
+        cluster_enabled = str(ping(url, timeout=settings.redis_socket_timeout).get("cluster_enabled", 0)) == "1"
+    except redis.AuthenticationError:
+        return f"CELERY_BROKER_URL was refused by the broker ({shown}): set CELERY_BROKER_URL with the right password"
+    except (redis.RedisError, OSError, ValueError):
+        return f"CELERY_BROKER_URL is unreachable ({shown}): set CELERY_BROKER_URL to a reachable broker"
+    if cluster_enabled:
+        return (f"CELERY_BROKER_URL names a node of a Redis Cluster ({shown}): Celery's Redis transport cannot use "
+                "a cluster; set CELERY_BROKER_URL to amqp://... (RabbitMQ) or to a plain Redis")
     return None
 
 
@@ -100,7 +146,7 @@ def settings_or_exit(role: str, *, environ: dict | None = None, argv: list[str] 
         fail("FLOWER_BASIC_AUTH is not set: set FLOWER_BASIC_AUTH=user:password "
              "(Flower refuses to start without it outside development)")
     if role != "web" or settings.production:
-        problem = store_problem(settings, environ)
+        problem = store_problem(settings, environ) or broker_problem(settings)
         if problem:
             fail(problem)
     return settings
@@ -114,7 +160,9 @@ def main() -> int:
     """
     settings = settings_or_exit("worker")
     provider = settings.openai_base_url or "OpenAI"
-    print(f"config ok: APP_ENV={settings.env}, store {mask_url(settings.redis_url)}, "
+    store = mask_url(settings.redis_url) + (" (Redis Cluster)" if settings.redis_cluster else "")
+    broker = f", broker {mask_url(settings.celery_broker_url)}" if settings.celery_broker_url else ""
+    print(f"config ok: APP_ENV={settings.env}, store {store}{broker}, "
           f"model provider {mask_url(provider)}, chat model {settings.chat_model}", flush=True)
     return 0
 

@@ -1,4 +1,4 @@
-"""Background compaction must not slow the turn that triggers it (issue 4, Benchmark).
+"""Background compaction must not slow the turn that triggers it (README: Performance).
 
 Prints figures; asserts only that the measured compactions really applied.
 
@@ -18,7 +18,7 @@ frame.  Two variants, interleaved thread by thread in the same run:
   * async (the service): the turn runner commits, sends ``done``, then enqueues the compaction; the worker
     folds the thread about a second later.  Afterwards every such thread must hold a non-empty summary and 8 messages.
   * inline (the baseline): the same turn with the same compaction run synchronously before ``done``:
-    this process's ``workers.compaction.request_compaction`` is replaced by a function that runs
+    this process's ``services.compaction_requests`` is replaced by an object that runs
     ``run_compaction`` (the task's body: re-read, model call, validation, Lua commit) in the turn's thread
     when a compaction is due, and ``Turn._commit`` asks for it right after the commit, before ``done``.
     No app code changes; only this process is patched.
@@ -53,7 +53,6 @@ import contextlib
 import json
 import logging
 import os
-import signal
 import socket
 import statistics
 import subprocess
@@ -64,7 +63,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 os.environ.setdefault("APP_ENV", "test")
 
 import redis  # noqa: E402
@@ -78,15 +76,17 @@ from tests.fake_llm import FakeLLM, Reply, split_tokens  # noqa: E402
 from tests.fixtures.celery_worker import history, user_text  # noqa: E402
 from tests.fixtures.live_app import ChatClient, LiveServer  # noqa: E402
 from tests.polling import wait_until  # noqa: E402
+from tests.servers import stop  # noqa: E402
 from tests.fixtures.redis_server import configured_or_embedded  # noqa: E402
-import workers.compaction as compaction_module  # noqa: E402
+from app.compaction.service import run_compaction  # noqa: E402
 
 TARGET_RATIO = 1.1
 TRIGGER_TURN = 5  # with MEMORY_RECENT_TURNS=4 and MEMORY_COMPACT_BATCH_TURNS=1: 10 messages > 8
 REFERENCE_TURN = TRIGGER_TURN - 1
 # Lower case, no digits: nothing the fact guard would extract, so every compaction is one model call.
 ANSWER_TEXT = ("the number you picked is a lovely one and every small number has a quiet charm of its own "
-               "in this little garden of ours")
+               "in this little garden of ours, where we count the flowers, the stones and the birds that come "
+               "by in the morning, and nobody minds if we lose count halfway and start again from the top")
 COMPACTION_ANSWER = {"summary": "They chatted about small numbers and why each one is nice.",
                      "pinnedDecisions": ["Keep answers short"]}
 PROFILES = {
@@ -111,14 +111,14 @@ def load_average() -> str:
 
 
 class CompactionSwitch:
-    """Replaces ``workers.compaction.request_compaction`` in this process.
+    """Stands in for the process's ``CompactionRequests`` (``services.compaction_requests``).
 
     ``inline = False``: the original (marker + enqueue), timed.  ``inline = True``: the baseline, the
     compaction's body (``run_compaction``) run synchronously in the turn's thread when one is due.
     """
 
     def __init__(self):
-        self.original = compaction_module.request_compaction
+        self.original = None
         self.inline = False
         self.enqueue_ms: list[float] = []    # request_compaction calls that enqueued (async)
         self.inline_ms: list[float] = []     # run_compaction inside the turn (inline)
@@ -126,11 +126,15 @@ class CompactionSwitch:
         self.triggered: list[str] = []       # thread ids for which a compaction was requested or run
         self._local = threading.local()
 
-    def __call__(self, services, thread_id, *, message_count, uncompacted_tokens, version):
+    def release(self, thread_id, version):
+        self.original.release(thread_id, version)
+
+    def after_commit(self, thread_id, *, message_count, uncompacted_tokens, version):
+        services = self.services
         if not self.inline:
             t0 = time.perf_counter()
-            queued = self.original(services, thread_id, message_count=message_count,
-                                   uncompacted_tokens=uncompacted_tokens, version=version)
+            queued = self.original.after_commit(thread_id, message_count=message_count,
+                                                uncompacted_tokens=uncompacted_tokens, version=version)
             if queued:
                 self.enqueue_ms.append((time.perf_counter() - t0) * 1000)
                 self.triggered.append(thread_id)
@@ -142,7 +146,7 @@ class CompactionSwitch:
         self._local.busy = True
         try:
             t0 = time.perf_counter()
-            outcome = compaction_module.run_compaction(services, thread_id, version)
+            outcome = run_compaction(services, thread_id, version)
             self.inline_ms.append((time.perf_counter() - t0) * 1000)
         finally:
             self._local.busy = False
@@ -152,7 +156,8 @@ class CompactionSwitch:
         return True
 
     def install(self, services):
-        compaction_module.request_compaction = self
+        self.services, self.original = services, services.compaction_requests
+        services.compaction_requests = self  # what turns and run_compaction ask
         original_commit = self.original_commit = Turn._commit
         switch = self
 
@@ -177,7 +182,7 @@ class CompactionSwitch:
         services.store.mark_compaction_pending = timed_mark
 
     def uninstall(self):
-        compaction_module.request_compaction = self.original
+        self.services.compaction_requests = self.original
         Turn._commit = self.original_commit
 
 
@@ -203,13 +208,7 @@ def subprocess_worker(settings: Settings, log_path: Path):
     try:
         yield proc
     finally:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait(5)
+        stop(proc, timeout=20)
         log.close()
 
 

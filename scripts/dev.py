@@ -6,12 +6,17 @@ with honcho (used as a library) and prints the address to open:
 - store: ``REDIS_TLS_URL``/``REDIS_URL`` when set, otherwise the embedded Valkey
   (``scripts/devstore.py``) at ``redis://127.0.0.1:6380/0``, data in ``.local/store/``;
 - model: ``OPENAI_BASE_URL``/``OPENAI_API_KEY`` when set, otherwise the bundled
-  Qwen2.5-Coder-0.5B-Instruct served by llama-cpp-python on 127.0.0.1:8089
-  (``scripts/local_model.py``; the GGUF file is fetched and verified first);
+  Qwen2.5-Coder-0.5B-Instruct served by llama-cpp-python (``scripts/local_model.py``;
+  the GGUF file is fetched and verified first) twice: ``model`` for chat turns on
+  127.0.0.1:8089 and ``compaction-model`` for compaction on 127.0.0.1:8090
+  (``COMPACTION_BASE_URL``), so a turn never waits for a compaction. Each server
+  passes a one-token completion before the others start; if one fails, everything
+  stops and the last line names the cause (e.g. a crash with SIGILL) and what to do;
 - ``SECRET_KEY``: when unset, generated once into ``.local/secret_key``;
 - ``web`` (gunicorn, gthread) on 127.0.0.1:$PORT (5000), ``worker`` (Celery,
   compaction queue, events on) and ``flower`` on 127.0.0.1:5555. They wait
-  (``scripts/wait_ready.py``) until the store and the model answer.
+  (``scripts/wait_ready.py``) until the store answers and the model servers passed
+  their start check (``DEV_RUN_DIR/model-<port>.ready``).
 
 Values come from the environment, then from ``.env`` if present; an empty
 value counts as unset. Ctrl+C (or SIGTERM) stops every process: honcho sends
@@ -27,8 +32,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import socket
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -41,11 +48,8 @@ from honcho.environ import parse_procfile
 from honcho.manager import Manager
 from honcho.printer import Message, Printer
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import local_model  # noqa: E402  (scripts/local_model.py)
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from app.settings import dev_secret_key  # noqa: E402  (the same file app/settings.py reads)
+import local_model  # scripts/local_model.py, beside this script
+from app.settings import dev_secret_key  # the same file app/settings.py reads
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCAL = ROOT / ".local"
@@ -57,6 +61,7 @@ DEFAULTS = {
     "FLOWER_PORT": "5555",
     "DEV_STORE_PORT": "6380",
     "LOCAL_MODEL_PORT": str(local_model.DEFAULT_PORT),
+    "LOCAL_COMPACTION_MODEL_PORT": str(local_model.DEFAULT_COMPACTION_PORT),
     "WEB_THREADS": "64",
 }
 
@@ -81,10 +86,11 @@ def port_free(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) != 0
 
 
-def plan(environ: dict[str, str]) -> tuple[dict[str, str], list[str], list[str]]:
+def plan(environ: dict[str, str], run_dir: Path | None = None) -> tuple[dict[str, str], list[str], list[str]]:
     """Decide what to run. Returns (environment for the processes, process names, notes to print).
 
-    Does not fetch the model or start anything.
+    ``run_dir`` (``DEV_RUN_DIR``) is where the model servers report readiness and failure; without one the
+    others wait for ``/v1/models`` instead. Does not fetch the model or start anything.
     """
     env = load_env(environ)
     names, notes, wait_for = [], [], []
@@ -113,10 +119,20 @@ def plan(environ: dict[str, str]) -> tuple[dict[str, str], list[str], list[str]]
         # Offered tools, the 0.5B model answers every message with a tool-call JSON
         # text (the server does not parse tool calls for this template): off unless asked.
         env.setdefault("TOOLS_ENABLED", "0")
-        names.append("model")
-        wait_for.append(f"{base_url}/models")
-        notes.append(f"model: bundled {local_model.MODEL_NAME} at {base_url} (small: answers will "
-                     "be modest; set OPENAI_API_KEY/OPENAI_BASE_URL for a real provider)")
+        servers = [("model", "LOCAL_MODEL_PORT")]
+        # Each llama-cpp-python server answers one request at a time: compaction gets a server of its own
+        # (unless COMPACTION_BASE_URL already names an endpoint), so chat turns never queue behind it.
+        if not env.get("COMPACTION_BASE_URL"):
+            servers.append(("compaction-model", "LOCAL_COMPACTION_MODEL_PORT"))
+            env["COMPACTION_BASE_URL"] = f"http://127.0.0.1:{env['LOCAL_COMPACTION_MODEL_PORT']}/v1"
+        for name, port_var in servers:
+            names.append(name)
+            port = int(env[port_var])
+            wait_for.append(str(local_model.ready_file(run_dir, port)) if run_dir
+                            else f"http://127.0.0.1:{port}/v1/models")
+        notes.append(f"model: bundled {local_model.MODEL_NAME} at {base_url}, compaction at "
+                     f"{env['COMPACTION_BASE_URL']} (small: answers will be modest; set "
+                     "OPENAI_API_KEY/OPENAI_BASE_URL for a real provider)")
 
     if not env.get("SECRET_KEY"):
         env["SECRET_KEY"] = dev_secret_key()
@@ -126,6 +142,8 @@ def plan(environ: dict[str, str]) -> tuple[dict[str, str], list[str], list[str]]
     env["PATH"] = venv_bin + os.pathsep + env.get("PATH", os.defpath)
     env["PYTHONUNBUFFERED"] = "1"
     env["DEV_WAIT_FOR"] = " ".join(wait_for)
+    if run_dir:
+        env["DEV_RUN_DIR"] = str(run_dir)
     names += ["web", "worker", "flower"]
     return env, names, notes
 
@@ -133,7 +151,7 @@ def plan(environ: dict[str, str]) -> tuple[dict[str, str], list[str], list[str]]
 def check_ports(env: dict[str, str], names: list[str]) -> None:
     """Raise DevError if a port this run needs is taken."""
     needed = {"web": "PORT", "flower": "FLOWER_PORT", "store": "DEV_STORE_PORT",
-              "model": "LOCAL_MODEL_PORT"}
+              "model": "LOCAL_MODEL_PORT", "compaction-model": "LOCAL_COMPACTION_MODEL_PORT"}
     for name in names:
         var = needed.get(name)
         if var and not port_free(int(env[var])):
@@ -156,19 +174,40 @@ def announce_when_up(url: str, say, stop: threading.Event, timeout: float = 600.
         return
 
 
+def failures(run_dir: Path) -> list[str]:
+    """The one-line causes the model servers wrote to ``run_dir`` when they gave up (``model-<port>.error``)."""
+    lines = []
+    for path in sorted(run_dir.glob("model-*.error")):
+        text = path.read_text(errors="replace").strip()
+        prefix = "local model: error: "
+        lines.append(text[len(prefix):] if text.startswith(prefix) else text)
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dry-run", action="store_true", help="print the plan and exit")
     args = parser.parse_args(argv)
+    run_dir = None if args.dry_run else Path(tempfile.mkdtemp(prefix="chat-memory-dev-"))
     try:
-        env, names, notes = plan(dict(os.environ))
+        return run(args, run_dir)
+    finally:
+        if run_dir is not None:
+            shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def run(args, run_dir: Path | None) -> int:
+    try:
+        env, names, notes = plan(dict(os.environ), run_dir)
         check_ports(env, names)
         if "model" in names:
             try:
                 import llama_cpp.server  # noqa: F401
             except ImportError:
-                raise DevError("llama-cpp-python is not installed: "
-                               "pip install -r requirements-local.txt") from None
+                raise DevError("llama-cpp-python is not installed: run `make install` (python "
+                               "scripts/install_llama.py, then pip install -r requirements-local.txt)") from None
+            # refuses a single-CPU (native) build before anything starts; links the usable CPU backends
+            local_model.prepare_backends(only=env.get("LOCAL_MODEL_CPU_BACKEND"))
             if not args.dry_run:
                 local_model.fetch()
     except (DevError, local_model.ModelError) as exc:
@@ -201,6 +240,12 @@ def main(argv: list[str] | None = None) -> int:
         manager.loop()
     finally:
         stop.set()
+    causes = failures(run_dir) if run_dir else []
+    sys.stdout.flush()
+    for cause in causes:  # repeated last, below the other processes' shutdown messages
+        print(f"dev: error: {cause}", file=sys.stderr, flush=True)
+    if causes:
+        return 1
     return manager.returncode or 0
 
 

@@ -6,11 +6,13 @@ space-separated addresses to wait for (``scripts/dev.py`` sets it to the
 embedded store and the local model server it starts; empty means no wait):
 
 - ``redis://...``: answers PING;
-- ``http://...``: answers GET with status 200.
+- ``http://...``: answers GET with status 200;
+- ``/a/path``: the file exists (``scripts/local_model.py serve`` creates
+  ``$DEV_RUN_DIR/model-<port>.ready`` once its server passed the start check).
 
 Usage::
 
-    DEV_WAIT_FOR="redis://127.0.0.1:6380/0 http://127.0.0.1:8089/v1/models" \\
+    DEV_WAIT_FOR="redis://127.0.0.1:6380/0 /tmp/chat-memory-dev-x/model-8089.ready" \\
         python scripts/wait_ready.py gunicorn wsgi:app ...
 """
 
@@ -28,6 +30,8 @@ DEFAULT_TIMEOUT = 180.0  # seconds; DEV_WAIT_TIMEOUT overrides
 def answers(url: str) -> bool:
     """True if the service at ``url`` answers right now (1-2 s timeout)."""
     try:
+        if url.startswith("/"):
+            return os.path.exists(url)
         if url.startswith(("redis://", "rediss://")):
             import redis
 

@@ -13,6 +13,7 @@ pytest_plugins = [
     "tests.fixtures.live_app",
     "tests.fixtures.streamed_chat",
     "tests.fixtures.celery_worker",
+    "tests.fixtures.redis_cluster",
 ]
 
 from app.settings import MemoryLimits, Settings  # noqa: E402

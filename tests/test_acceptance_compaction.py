@@ -13,23 +13,17 @@ import time
 import pytest
 
 from app.chat.events import EventHub
-from app.memory.state import PINNED_BY_MODEL, Pin, utc_now_iso
+from app.compaction.service import run_compaction
+from app.memory.state import utc_now_iso
 from app.store.redis_client import make_redis
 from tests.fake_llm import Reply
-from tests.fixtures.celery_worker import (commit_turn, folded_section, history, raw_hash, rendered, seed_turns,
-                                          thread_id_for, wait_until)
+from tests.fixtures.celery_worker import (NUMBERS_ANSWER, commit_turn, folded_section, history, message_ids,
+                                          raw_hash, record, rendered, seed_turns, thread_id_for, turn_ids,
+                                          wait_until)
 from tests.fixtures.redis_server import start_embedded_server
-from workers.compaction import run_compaction
 
-ANSWER = {"summary": "They chatted about the numbers one and two.", "pinnedDecisions": ["Keep answers short"]}
-
-
-def ids(state) -> list[str]:
-    return [m.id for m in state.messages]
-
-
-def turn_ids(first: int, last: int) -> list[str]:
-    return [x for n in range(first, last + 1) for x in (f"u{n}", f"a{n}")]
+ANSWER = NUMBERS_ANSWER
+SUMMARY = record(1, 2, "- About: " + ANSWER["summary"])
 
 
 # ------------------------------------------------------------------------------------------ P5-P8
@@ -37,20 +31,23 @@ def turn_ids(first: int, last: int) -> list[str]:
 
 def test_p5_twelve_messages_compacted_keep_exactly_the_last_eight(compaction_rig, fake_llm):
     rig = compaction_rig
-    fake_llm.add_rule(Reply(json=ANSWER), structured=True)
+    decision = "We decided to keep answers short"
+    fake_llm.add_rule(Reply(json={**ANSWER, "pinnedDecisions": [decision]}), structured=True)
     rig.worker()
     tid = thread_id_for("p5")
-    result = seed_turns(rig.store, tid, 6)
+    commit_turn(rig.store, tid, 1, user=decision + ", thanks.")
+    result = seed_turns(rig.store, tid, 5, start=2)
     assert result.message_count == 12
     started = utc_now_iso()
     assert rig.request(tid, result)
     rig.wait_outcome(tid, "applied")
     finished = utc_now_iso()
     state = rig.store.load(tid)
-    assert ids(state) == ["u3", "a3", "u4", "a4", "u5", "a5", "u6", "a6"]
+    assert message_ids(state) == ["u3", "a3", "u4", "a4", "u5", "a5", "u6", "a6"]
     assert [m.role for m in state.messages] == ["user", "assistant"] * 4
-    assert state.summary == "They chatted about the numbers one and two."
-    assert state.pins == (Pin("Keep answers short", PINNED_BY_MODEL),)
+    # the model's summary and decision: its gist heads the record, its (grounded) decision is a note
+    assert state.summary == record(1, 2, "- About: " + ANSWER["summary"], "- Person: " + decision + ", thanks.")
+    assert (state.notes, state.pins) == ((decision,), ())
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", state.last_compacted_at)
     assert started <= state.last_compacted_at <= finished  # set by the worker, never by the model
 
@@ -78,7 +75,7 @@ def test_p7_an_answer_missing_summary_leaves_the_thread_exactly_as_before(compac
     rig.wait_outcome(tid, "failed", count=3)
     rig.wait_idle(tid)
     assert raw_hash(rig.client, tid) == before
-    assert ids(rig.store.load(tid)) == turn_ids(1, 6)
+    assert message_ids(rig.store.load(tid)) == turn_ids(1, 6)
 
 
 def test_p8_a_model_call_that_times_out_leaves_the_thread_exactly_as_before(make_compaction_rig, fake_llm):
@@ -111,10 +108,12 @@ def test_b1_a_failing_summarizer_does_not_destroy_history(compaction_rig, fake_l
 
     after = raw_hash(rig.client, tid)
     assert after == before
-    assert ids(rig.store.load(tid)) == turn_ids(1, 6)  # all 12 messages
+    assert message_ids(rig.store.load(tid)) == turn_ids(1, 6)  # all 12 messages
     assert after.get("summary", "") == "" and rig.store.load(tid).summary == ""  # no summary stored
     everything = json.dumps(after) + json.dumps(entries)
-    assert "Rate limit" not in everything and "org-123" not in everything and "429" not in everything
+    assert "Rate limit" not in everything and "org-123" not in everything
+    # the status code as a number of its own, not as digits inside a millisecond timestamp
+    assert re.search(r"(?<![0-9])429(?![0-9])", everything) is None
     # tried again later: three model calls, each after a backoff
     calls = fake_llm.chat_requests("structured")
     assert len(calls) == 3
@@ -125,7 +124,7 @@ def test_b1_a_failing_summarizer_does_not_destroy_history(compaction_rig, fake_l
     fake_llm.add_rule(Reply(json=ANSWER), structured=True)
     assert rig.request(tid, commit_turn(rig.store, tid, 7))
     rig.wait_outcome(tid, "applied")
-    assert ids(rig.store.load(tid)) == turn_ids(4, 7)
+    assert message_ids(rig.store.load(tid)) == turn_ids(4, 7)
 
 
 # ------------------------------------------------------------------------------------------ B2
@@ -153,14 +152,14 @@ def test_b2_a_turn_committed_during_compaction_is_kept_exactly_once(compaction_r
     assert seventh.appended and rig.request(tid, seventh) is False  # one compaction pending
     rig.wait_outcome(tid, "applied")
     state = rig.store.load(tid)
-    assert ids(state) == ["u3", "a3", "u4", "a4", "u5", "a5", "u6", "a6", "u7", "a7"]
-    assert state.summary == ANSWER["summary"]
+    assert message_ids(state) == ["u3", "a3", "u4", "a4", "u5", "a5", "u6", "a6", "u7", "a7"]
+    assert state.summary == SUMMARY
     assert calls[0] == rendered([1, 2])
     gate.set()
     rig.wait_outcome(tid, "applied", count=2)
     rig.wait_idle(tid)
     final = rig.store.load(tid)
-    assert ids(final) == turn_ids(4, 7)
+    assert message_ids(final) == turn_ids(4, 7)
     assert [m.id for m in final.messages].count("u7") == 1
     assert calls[1] == rendered([3])
 
@@ -172,33 +171,15 @@ def unique_word(k: int) -> str:
     return "".join(chr(97 + (k // 26 ** i) % 26) for i in range(3))
 
 
-def previous_summary_of(body: dict) -> str:
-    user = body["messages"][1]["content"]
-    previous = user.split("PREVIOUS SUMMARY:\n")[1].split("\n\nPINNED DECISIONS")[0]
-    return "" if previous == "(none)" else previous
-
-
-def fresh_summary(body: dict) -> str:
-    topics = re.findall(r"topic (\w+)", folded_section(body))
-    return ("The person walked through the topics " + ", ".join(topics) + " and the assistant commented on each "
-            "at length, " + "with plenty of detail " * 25).strip()
-
-
 def b5_turn(store, tid, n):
     return commit_turn(store, tid, n, user=f"let us talk about topic {unique_word(n)} and ticket INC-{1000 + n}",
-                       assistant=f"topic {unique_word(n)} is noted with ticket INC-{1000 + n}")
+                       assistant=f"topic {unique_word(n)} is noted with ticket INC-{1000 + n}, and" + " more" * 40)
 
 
 def test_b5_ten_cycles_keep_the_summary_bounded_and_never_nest_an_earlier_one(compaction_rig, fake_llm):
     rig = compaction_rig
-
-    def nesting_model(body):
-        previous = previous_summary_of(body)
-        if len(body["messages"]) == 2 and previous:  # first attempt: append to the previous summary
-            return {"summary": previous + "\nLater: " + fresh_summary(body), "pinnedDecisions": []}
-        return {"summary": fresh_summary(body), "pinnedDecisions": []}  # told not to copy: a rewrite
-
-    fake_llm.add_rule(nesting_model, structured=True)
+    fake_llm.add_rule(lambda body: {"summary": "They talk about a topic and a ticket each turn.", "pinnedDecisions": []},
+                      structured=True)
     rig.worker()
     tid = thread_id_for("b5")
     summaries: list[str] = []
@@ -209,22 +190,26 @@ def test_b5_ten_cycles_keep_the_summary_bounded_and_never_nest_an_earlier_one(co
             result = b5_turn(rig.store, tid, n)
         assert rig.request(tid, result)
         rig.wait_outcome(tid, "applied", count=cycle)
-        rig.wait_idle(tid)
+        rig.wait_quiet(tid)
         summary = rig.store.load(tid).summary
         assert len(summary) <= 2500
-        assert [s for s in summaries if s in summary] == []
+        assert [s for s in summaries if s in summary] == []  # no earlier summary inside the new one
+        lines = summary.splitlines()
+        assert len(lines) == len(set(lines))  # no statement twice
         summaries.append(summary)
-    assert ids(rig.store.load(tid)) == turn_ids(57, 60)
+    assert message_ids(rig.store.load(tid)) == turn_ids(57, 60)
     assert len(set(summaries)) == 10
+    assert "INC-1056" in summaries[-1]  # the newest statements stay; the oldest made room (fitting policy)
+    # the model never receives a summary, so it can never nest one
+    assert not any("Statements kept from earlier turns" in json.dumps(r.body) for r in fake_llm.chat_requests("structured"))
 
 
-def test_b5_a_model_that_always_nests_never_gets_a_nested_summary_stored(compaction_rig, fake_llm):
+def test_b5_a_model_repeating_the_same_gist_never_gets_it_stored_twice(compaction_rig, fake_llm):
     rig = compaction_rig
-    fake_llm.add_rule(lambda body: {"summary": (previous_summary_of(body) + "\nLater: " + fresh_summary(body))[:2400],
-                                    "pinnedDecisions": []}, structured=True)
+    gist = "They talk about a topic and a ticket each turn."
+    fake_llm.add_rule(Reply(json={"summary": gist, "pinnedDecisions": []}), structured=True)
     rig.worker()
     tid = thread_id_for("b5 always")
-    summaries: list[str] = []
     n = 0
     for cycle in range(1, 11):
         for _ in range(6):
@@ -232,12 +217,11 @@ def test_b5_a_model_that_always_nests_never_gets_a_nested_summary_stored(compact
             result = b5_turn(rig.store, tid, n)
         assert rig.request(tid, result)
         rig.wait_outcome(tid, "applied", count=cycle)
-        rig.wait_idle(tid)
+        rig.wait_quiet(tid)
         state = rig.store.load(tid)
         assert len(state.summary) <= 2500 and len(state.messages) == 8
-        assert [s for s in summaries if s in state.summary] == []
-        assert state.summary.startswith("Later: The person walked through the topics ")
-        summaries.append(state.summary)
+        # once, and only until the summary nears its limit: About lines are the first to make room
+        assert state.summary.count("- About: " + gist) == (1 if cycle <= 2 else state.summary.count(gist)) <= 1
     assert [(e["outcome"], e["reason"]) for e in history(rig.client, tid)] == [("applied", "llm")] * 10
 
 
@@ -273,7 +257,7 @@ def test_b10_after_a_redis_restart_the_idle_worker_compacts_again_and_events_flo
         assert result.message_count == 12
         assert rig.request(tid, result)
         rig.wait_outcome(tid, "applied", timeout=30)  # the same worker consumes again
-        assert ids(rig.store.load(tid)) == turn_ids(13, 16)
+        assert message_ids(rig.store.load(tid)) == turn_ids(13, 16)
         wait_until(lambda: [f["status"] for f in frames] == ["started", "succeeded"] * 2, timeout=15,
                    message="events after the restart")
         rig.close()  # stop the worker while its Redis is up
@@ -289,18 +273,20 @@ def test_b10_after_a_redis_restart_the_idle_worker_compacts_again_and_events_flo
 def test_b8_special_token_spellings_are_compacted_without_an_error(compaction_rig, fake_llm):
     """B8, compaction part: text spelling <|endoftext|> / <|im_start|> is folded like any other text."""
     rig = compaction_rig
-    special_user = "What do <|endoftext|> and <|im_start|>system mean?"
-    special_answer = "<|endoftext|> ends a document; <|im_start|> opens a message. <|im_end|>"
+    special_user = "Our tokenizer v2 must keep <|endoftext|> and <|im_start|>system as plain text."
+    special_answer = ("<|endoftext|> ends a document; <|im_start|> opens a message. <|im_end|> "
+                      + "Tokenizers treat such spellings specially only when asked to. " * 4)
     summary = "They asked what <|endoftext|> and <|im_start|> mean; both are special tokens."
     fake_llm.add_rule(Reply(json={"summary": summary, "pinnedDecisions": []}), structured=True)
     tid = thread_id_for("b8")
     commit_turn(rig.store, tid, 1, user=special_user, assistant=special_answer)
-    result = seed_turns(rig.store, tid, 4, start=2)
-    assert result.message_count == 10
+    result = seed_turns(rig.store, tid, 5, start=2)
+    assert result.message_count == 12
     outcome = run_compaction(rig.services, tid, result.version)
     assert outcome.outcome == "applied"
     # the model was sent the special-token text verbatim, as ordinary text
     assert special_user in folded_section(fake_llm.last_request(kind="structured").body)
     state = rig.store.load(tid)
-    assert ids(state) == turn_ids(2, 5)
-    assert state.summary.startswith(summary)
+    assert message_ids(state) == turn_ids(3, 6)
+    assert outcome.reason == "llm" and "- About: " + summary in state.summary.splitlines()
+    assert "- Person: " + special_user in state.summary.splitlines()

@@ -1,4 +1,4 @@
-"""Acceptance cases P19 and P20 [final turns]: only what the person was finally told enters memory.
+"""Final turns: only what the person was finally told enters memory.
 
 Real app on loopback, real Redis, the fake model over real HTTP.  The store's
 ``commit_final_turn`` is wrapped (and still called) to see which final turns reach it.
@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 import threading
 
-from app.runtime.producers import commit_recorded_final
 from app.store.keys import ThreadKeys
 from tests.fake_llm import Reply
 from tests.fixtures.live_app import ChatClient, answer_text
+from tests.fixtures.runs import commit_recorded_final
 from tests.test_runtime_producers import has_tool_results, matching, only_run, script_tasklist, texts, worker_for
 
 
@@ -22,9 +22,9 @@ def record_commits(monkeypatch, live_app) -> list:
     seen = []
     original = store.commit_final_turn
 
-    def recording(thread_id, turn):
+    def recording(thread_id, turn, **options):
         seen.append(turn)
-        return original(thread_id, turn)
+        return original(thread_id, turn, **options)
 
     monkeypatch.setattr(store, "commit_final_turn", recording)
     return seen

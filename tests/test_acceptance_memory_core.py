@@ -17,12 +17,13 @@ from marshmallow import ValidationError
 from app.memory.context import ContextTooLong, assemble_context
 from app.memory.final_turn import TRUNCATION_NOTICE, FinalTurn, TurnRejected
 from app.memory.hydration import ForbiddenKeyError, assert_no_forbidden_keys, build_hydration
-from app.memory.schemas import compaction_output_schema, stored_state_schema
+from app.memory.compaction import CompactionAnswer, InvalidCompactionOutput, validate_answer
+from app.memory.schemas import stored_state_schema
 from app.memory.state import ThreadState
 from app.memory.tokens import MESSAGE_OVERHEAD, REPLY_PRIMING, TokenCounter
 from app.settings import MemoryLimits
 from app.store.keys import ThreadKeys
-from app.web.identity import thread_id_for
+from app.identity import thread_id_for
 from tests.fake_llm import Reply
 from tests.fixtures.live_app import ChatClient, answer_text
 from tests.fixtures.memory_data import CREATED, ENGLISH, message, new_thread_id, state, text_of_chars
@@ -51,32 +52,35 @@ def test_P1_empty_state_is_no_messages_no_pins_empty_summary_no_last_compacted_a
 # -- P2 ---------------------------------------------------------------------------------------------------
 
 def test_P2_compaction_output_accepts_summary_and_pins_and_rejects_extra_keys():
-    schema = compaction_output_schema(LIMITS)
     good = {"summary": "The user prefers tea.", "pinnedDecisions": ["Ship on Friday."]}
-    assert schema.load(good) == good
+    assert validate_answer(good) == CompactionAnswer(**good)
     for extra in ("compactedAt", "recentMessages"):
-        with pytest.raises(ValidationError) as info:
-            schema.load({**good, extra: "x"})
-        assert info.value.messages == {extra: ["Unknown field."]}
+        with pytest.raises(InvalidCompactionOutput) as info:
+            validate_answer({**good, extra: "x"})
+        assert (info.value.kind, info.value.problems) == ("shape", [f"{extra}: Extra inputs are not permitted"])
 
 
 # -- P3 ---------------------------------------------------------------------------------------------------
 
+def stored_memory(summary: str = "", pins=()) -> dict:
+    return {"messages": [], "summary": summary, "pins": [{"text": p, "by": "person"} for p in pins]}
+
+
 @pytest.mark.parametrize("data,field", [
-    ({"summary": "s", "pinnedDecisions": [f"d{i}" for i in range(21)]}, "pinnedDecisions"),
-    ({"summary": "s" * 2501, "pinnedDecisions": []}, "summary"),
-    ({"summary": "s", "pinnedDecisions": ["d" * 301]}, "pinnedDecisions"),
-    ({"summary": "s", "pinnedDecisions": ["   "]}, "pinnedDecisions"),
+    (stored_memory("s", [f"d{i}" for i in range(21)]), "pins"),
+    (stored_memory("s" * 2501), "summary"),
+    (stored_memory("s", ["d" * 301]), "pins"),
+    (stored_memory("s", ["   "]), "pins"),
 ], ids=["21-pins", "2501-char-summary", "301-char-decision", "blank-decision"])
-def test_P3_over_limit_compaction_output_is_rejected(data, field):
+def test_P3_over_limit_memory_is_rejected(data, field):
     with pytest.raises(ValidationError) as info:
-        compaction_output_schema(LIMITS).load(data)
+        stored_state_schema(LIMITS).load(data)
     assert list(info.value.messages) == [field]
 
 
 def test_P3_values_at_the_limits_are_accepted():
-    data = {"summary": "s" * 2500, "pinnedDecisions": ["d" * 300] * 20}
-    assert compaction_output_schema(LIMITS).load(data) == data
+    data = stored_memory("s" * 2500, ["d" * 300] * 20)
+    assert stored_state_schema(LIMITS).load(data)["pins"] == data["pins"]
 
 
 # -- P4 ---------------------------------------------------------------------------------------------------
@@ -163,8 +167,8 @@ def test_P12_blocked_delivery_report_is_stored_cut_to_8000_with_the_notice(store
 
 # -- P13 --------------------------------------------------------------------------------------------------
 
-def test_P13_empty_thread_hydrates_to_exactly_the_empty_dto(live_app):
-    body = ChatClient(live_app).thread()
+def test_P13_empty_thread_hydrates_to_exactly_the_empty_dto(web):
+    body = web.get("/api/chat/thread").get_json()
     assert THREAD_RE.match(body["threadId"])
     assert body == {"threadId": body["threadId"], "messages": [], "pinnedDecisions": [], "restored": False}
     assert "summaryPreview" not in body
@@ -216,33 +220,34 @@ def test_P15_same_session_id_gives_the_same_thread_id_without_containing_it(sett
     assert sid not in first
 
 
-def test_P15_a_browser_session_keeps_one_thread_id(live_app):
-    browser = ChatClient(live_app)
-    first = browser.thread()["threadId"]
-    assert [browser.thread()["threadId"] for _ in range(3)] == [first] * 3
+def test_P15_a_browser_session_keeps_one_thread_id(web):
+    def thread_id(browser) -> str:
+        return browser.get("/api/chat/thread").get_json()["threadId"]
+
+    first = thread_id(web)
+    assert [thread_id(web) for _ in range(3)] == [first] * 3
     assert THREAD_RE.match(first)
-    assert ChatClient(live_app).thread()["threadId"] != first
+    assert thread_id(web.application.test_client()) != first
 
 
 # -- P16 --------------------------------------------------------------------------------------------------
 
-def test_P16_store_read_failing_with_wrongtype_gives_200_empty_dto_without_the_error_text(live_app, redis_client):
-    browser = ChatClient(live_app)
-    thread_id = browser.thread()["threadId"]
+def test_P16_store_read_failing_with_wrongtype_gives_200_empty_dto_without_the_error_text(web, redis_client):
+    thread_id = web.get("/api/chat/thread").get_json()["threadId"]
     key = ThreadKeys(thread_id).state
     redis_client.set(key, "x")
     with pytest.raises(redis.ResponseError) as info:
         redis_client.hgetall(key)
     error_text = str(info.value)
-    response = browser.http.get(live_app.url + "/api/chat/thread", timeout=10)
+    response = web.get("/api/chat/thread")
     assert response.status_code == 200
-    assert response.json() == {"threadId": thread_id, "messages": [], "pinnedDecisions": [], "restored": False}
+    assert response.get_json() == {"threadId": thread_id, "messages": [], "pinnedDecisions": [], "restored": False}
     for fragment in (error_text, "WRONGTYPE", "Operation against a key", key, "mem:{", "HGETALL", "hgetall"):
-        assert fragment not in response.text
+        assert fragment not in response.get_data(as_text=True)
 
 
 def test_P16_store_refusing_the_read_command_gives_200_empty_dto_without_the_error_text(
-        own_redis, make_live_app, app_settings):
+        own_redis, make_web_client, app_settings):
     admin = own_redis.client()
     admin.execute_command("ACL", "SETUSER", "reader", "on", ">reader-pw", "~*", "&*", "+@all", "-hgetall")
     restricted = f"redis://reader:reader-pw@127.0.0.1:{own_redis.port}/0"
@@ -251,14 +256,13 @@ def test_P16_store_refusing_the_read_command_gives_200_empty_dto_without_the_err
         probe.hgetall("mem:{probe}")
     error_text = str(info.value)
     assert "hgetall" in error_text.lower()  # the error names the command
-    live = make_live_app(app_settings.with_overrides(redis_url=restricted))
-    browser = ChatClient(live)
-    response = browser.http.get(live.url + "/api/chat/thread", timeout=10)
-    body = response.json()
+    web = make_web_client(app_settings.with_overrides(redis_url=restricted))
+    response = web.get("/api/chat/thread")
+    body = response.get_json()
     assert response.status_code == 200
     assert body == {"threadId": body["threadId"], "messages": [], "pinnedDecisions": [], "restored": False}
     for fragment in (error_text, "NOPERM", "permissions", "hgetall", "reader", "mem:{"):
-        assert fragment not in response.text
+        assert fragment not in response.get_data(as_text=True)
     probe.close()
     admin.close()
 
@@ -390,5 +394,5 @@ def test_B8_special_token_spellings_are_counted_stored_sent_and_round_tripped(ch
     assert chat.turn("again")[-1]["status"] == "completed"
     assert [m["content"] for m in fake_llm.last_request().messages[1:]] == [user_text, answer, "again"]
     summary = {"summary": f"The user asked about {user_text}", "pinnedDecisions": [answer]}
-    assert compaction_output_schema(LIMITS).load(summary) == summary
+    assert validate_answer(summary).model_dump() == summary
     assert json.loads(json.dumps(thread))["messages"][1]["text"] == answer

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from app.memory.context import PINS_HEADER, SUMMARY_HEADER
+from app.memory.context import PINS_HEADER, SUMMARY_HEADER, format_summary
 from app.settings import Settings
 from tests.fake_llm import Reply, words
 from tests.fixtures.live_app import ChatClient, answer_text
@@ -44,7 +44,7 @@ def test_p17_model_receives_server_memory_not_the_browsers_history(chat, fake_ll
 
     expected = [
         {"role": "system", "content": app_settings.system_prompt},
-        {"role": "system", "content": SUMMARY_HEADER + "The person is Ana; she likes jazz."},
+        {"role": "system", "content": format_summary("The person is Ana; she likes jazz.")},
         {"role": "system", "content": PINS_HEADER + "1. Answer in English"},
     ]
     for user, assistant in seeded.recent:
@@ -108,13 +108,12 @@ def test_b4_stream_aborted_after_20_tokens_stores_nothing(chat, fake_llm, store,
         fake_llm.default = Reply(tokens=partial, token_delay=0.005, drop_after=20)
     chat.send({"type": "message", "text": "first try"})
     frames = []
-    while sum(f["type"] == "delta" for f in frames) < 20:
+    while answer_text(frames).count("PARTIAL") < 20:
         frames.append(chat.recv())
     if how == "cancel":
         chat.send({"type": "cancel"})
     frames += chat.recv_until(lambda f: f["type"] == "done")
-    deltas = [f for f in frames if f["type"] == "delta"]
-    assert len(deltas) >= 20 and answer_text(frames).startswith("".join(partial[:20]))
+    assert answer_text(frames).startswith("".join(partial[:20]))
     assert frames[-1]["status"] == ("cancelled" if how == "cancel" else "failed")
     assert hydrate(chat) == before
 

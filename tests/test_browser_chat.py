@@ -196,3 +196,47 @@ def test_page_keyboard_and_reconnect(browser_page, live_app, fake_llm):
     send(page, "after the reconnect")
     wait_saved(page, 4)
     assert page.errors == []
+
+
+CAPTURE_AT_DONE = """
+window.__atDone = [];
+new MutationObserver(records => {
+  for (const r of records) {
+    const b = r.target;
+    if (r.attributeName === 'data-status' && b.dataset && b.dataset.role === 'assistant' && b.dataset.status) {
+      window.__atDone.push({status: b.dataset.status, text: b._text,
+                            shown: b.querySelector('.content').innerText.trim()});
+    }
+  }
+}).observe(document, {subtree: true, attributes: true, attributeFilter: ['data-status']});
+"""
+
+
+def test_page_renders_coalesced_deltas_as_the_model_wrote_them(browser_page, live_app, fake_llm):
+    """Deltas arrive several tokens per frame, cut anywhere (inside markdown marks, words, CJK): what the page
+    built from them when ``done`` came is the model's text exactly, and it renders as the stored answer does."""
+    page = browser_page
+    answer = ("**Plan** for `day 1`: 先坐火车去里斯本 🚆, then the ferry.\n\n"
+              "- museum *MAAT* — 10:00\n- lunch: bacalhau\n\n1. Sintra\n2. Cascais\n\n"
+              + " ".join(f"note{i}" for i in range(120)))
+    pieces = [answer[i:i + 3] for i in range(0, len(answer), 3)]  # cuts through marks, words and CJK runs
+    fake_llm.default = Reply(tokens=pieces, token_delay=0.002)
+    delta_frames = []
+    page.on("websocket", lambda ws: ws.on(
+        "framereceived", lambda payload: delta_frames.append(payload) if '"type":"delta"' in str(payload) else None))
+    page.add_init_script(CAPTURE_AT_DONE)
+    page.goto(live_app.url + "/")
+    wait_connected(page)
+
+    send(page, "Plan my Lisbon trip")
+    page.wait_for_function("() => window.__atDone.length === 1")
+    at_done = page.evaluate("window.__atDone[0]")
+    assert at_done["status"] == "completed"
+    assert at_done["text"] == answer  # the deltas, joined by the page, are the model's text
+    assert 1 < len(delta_frames) < len(pieces) / 2  # streamed, several pieces per frame
+
+    wait_saved(page, 2)  # re-rendered from server memory
+    assert bubbles(page) == [("user", "Plan my Lisbon trip"), ("assistant", at_done["shown"])]
+    assert [m["text"] for m in server_thread(page, live_app.url)["messages"]] == ["Plan my Lisbon trip", answer]
+    page.screenshot(path=str(OUTPUT_DIR / "browser_chat_coalesced.png"), full_page=True)
+    assert page.errors == []

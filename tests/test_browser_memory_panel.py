@@ -2,28 +2,28 @@
 
 The context meter and the token chart update after each turn, pin and unpin work in
 the memory panel, a thumbs-down is stored (read back from Redis), the inspector shows
-what the model saw, and the panel is photographed into ``test-output/memory-panel.png``
-(copied to ``docs/memory-panel.png`` for the README when ``UPDATE_DOCS_SCREENSHOT=1``).
+what the model saw, and the panel is photographed into ``test-output/memory-panel-only.png``
+(the README's pictures come from ``tests/test_browser_memory_truth.py``).
 """
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 
 import pytest
 
 from app.observability.feedback import load_feedback
 from app.settings import MemoryLimits
 from tests.fake_llm import Reply
-from tests.fixtures.streamed_chat import OUTPUT_DIR, ROOT, wait_for
+from tests.fixtures.streamed_chat import OUTPUT_DIR, wait_for
 
 pytestmark = pytest.mark.browser
 
 ANSWERS = {
     "We are planning a team offsite in Lisbon for 12 people.":
-        "Great: **Lisbon**, 12 people. Do you have dates and a budget in mind?",
+        "Great: **Lisbon**, 12 people. Do you have dates and a budget in mind? Spring and early summer are "
+        "pleasant there, the city is walkable, and a group of that size fits most workshop venues, so the "
+        "main choices are the dates, the budget per person and whether you want to stay near the river.",
     "Dates are 3 to 5 June, and the budget is 9000 EUR.":
         "Noted: 3–5 June, 9000 EUR in total, so about 750 EUR per person.",
     "Find us a venue near the river, with a room for workshops.":
@@ -54,7 +54,7 @@ def send(page, base: str, text: str) -> str:
 
 def test_memory_panel_meter_chart_pins_feedback_and_screenshot(make_live_app, app_settings, fake_llm,
                                                                 browser_page, redis_client):
-    from workers.compaction import run_compaction
+    from app.compaction.service import run_compaction
 
     server = make_live_app(app_settings.with_overrides(compaction_strategy="extractive",
                                                        limits=MemoryLimits(recent_turns=2)))
@@ -65,6 +65,8 @@ def test_memory_panel_meter_chart_pins_feedback_and_screenshot(make_live_app, ap
     page.goto(base + "/")
     page.wait_for_selector('[data-testid="connection"][data-state="connected"]')
     meter, chart = page.get_by_test_id("context-meter"), page.get_by_test_id("token-chart")
+    # (the budget shows once the page's first stats request has answered)
+    until(page, "() => document.querySelector('[data-testid=context-meter]').innerText.includes('budget')")
     assert meter.inner_text().strip() == "No turns yet · budget 7,168 tokens"
     assert chart.inner_text().strip() == "No turns yet."
 
@@ -156,10 +158,8 @@ def test_memory_panel_meter_chart_pins_feedback_and_screenshot(make_live_app, ap
     page.get_by_test_id("memory-panel").evaluate("p => { p.scrollTop = 0; }")
     until(page, "() => document.getElementById('toast').hidden")
     OUTPUT_DIR.mkdir(exist_ok=True)
-    shot = OUTPUT_DIR / "memory-panel.png"
+    shot = OUTPUT_DIR / "memory-panel-page.png"
     page.screenshot(path=str(shot), full_page=False)
     panel = OUTPUT_DIR / "memory-panel-only.png"
     page.get_by_test_id("memory-panel").screenshot(path=str(panel))
     assert shot.stat().st_size > 10_000 and panel.stat().st_size > 5_000
-    if os.environ.get("UPDATE_DOCS_SCREENSHOT") == "1":  # refresh the README's picture on purpose only
-        shutil.copyfile(shot, ROOT / "docs" / "memory-panel.png")

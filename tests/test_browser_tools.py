@@ -85,7 +85,12 @@ def test_paused_task_list_is_marked_unsaved_and_after_a_reload_only_goal_and_sum
 
     page.fill('[data-testid="message-input"]', "yes")
     page.press('[data-testid="message-input"]', "Enter")
-    page.wait_for_selector('[data-testid="message"][data-role="assistant"][data-status="completed"]')
+    # completed: the bubble says so until the page re-renders it from memory a moment later (then it is saved)
+    page.wait_for_function("""(answer) => {
+        const bot = [...document.querySelectorAll('[data-testid="message"][data-role="assistant"]')].pop();
+        return bot && bot.textContent.includes(answer)
+            && (bot.dataset.status === "completed" || bot.dataset.saved === "1");
+    }""", arg="The picnic plan is ready.")
     page.reload()
     page.wait_for_selector('[data-testid="connection"][data-state="connected"]')
     page.wait_for_function("document.querySelectorAll('[data-testid=\"message\"]').length === 2")

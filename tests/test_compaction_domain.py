@@ -1,14 +1,21 @@
-"""Unit tests of ``app.memory.compaction``: pure rules, no Redis, no model (issue 4 items 2-5, 7)."""
+"""Unit tests of ``app.memory.compaction``: the pure rules, no Redis, no model.
+
+When a compaction is due and what it folds; the record (appended lines, the fitting
+policy); model notes (grounded or refused); the model's prompt (only the folded
+turns, always within the window, Chinese included) and answer; ``compose`` (the
+fact guard and the gain rule).
+"""
 
 from __future__ import annotations
-
-import json
 
 import pytest
 from hypothesis import given, settings as hsettings, strategies as st
 
 from app.memory import compaction as c
-from app.memory.state import PINNED_BY_MODEL, PINNED_BY_PERSON, Pin, ThreadMessage, ThreadState
+from app.memory.compaction.notes import merge_notes, note_problem
+from app.memory.compaction.record import (ABOUT, ASSISTANT, PERSON, TEXT, Record, RecordLine, fit_record,
+                                          HEADER, condense, parse_record, statement_lines, statement_sentences)
+from app.memory.state import Pin, ThreadMessage, ThreadState
 from app.memory.tokens import counter_for
 from app.settings import MemoryLimits
 
@@ -16,18 +23,47 @@ LIMITS = MemoryLimits()
 BUDGET = 8192 - 1024
 COUNTER = counter_for(None, "cl100k_base")
 CREATED = "2026-01-01T00:00:00.000Z"
+FIXED = c.fixed_prompt_tokens(LIMITS, COUNTER)
+LONG_ANSWER = ("That is a good question. There are several things to consider here, and the details depend on "
+               "your setup, your team and your goals. In general it helps to start small, measure what matters "
+               "and iterate: write down what you expect, try it, and compare what happens with what you "
+               "expected. Most teams find that a short checklist and a regular review keep things on track.")
 
 
 def message(mid: str, role: str, text: str) -> ThreadMessage:
     return ThreadMessage(mid, role, text, CREATED)
 
 
-def thread(turns: int, *, summary: str = "", pins=(), texts=None, gen: int = 3, version: int = 7) -> ThreadState:
+def thread(turns: int, *, summary: str = "", pins=(), notes=(), texts=None, gen: int = 3,
+           version: int = 7) -> ThreadState:
     messages = []
     for n in range(1, turns + 1):
         user, answer = texts(n) if texts else (f"question number {n}", f"answer number {n}")
         messages += [message(f"u{n}", "user", user), message(f"a{n}", "assistant", answer)]
-    return ThreadState(tuple(messages), summary, tuple(pins), None, version, gen)
+    return ThreadState(tuple(messages), summary, tuple(pins), None, version, gen, tuple(notes))
+
+
+def plan_of(state, limits=LIMITS, budget=BUDGET):
+    return c.plan_compaction(state, limits, COUNTER, budget, fixed_prompt_tokens=c.fixed_prompt_tokens(limits, COUNTER))
+
+
+def compose(state, answer=None, *, limits=LIMITS, budget=BUDGET, force=False):
+    return c.compose(state, plan_of(state, limits, budget), answer, limits=limits, counter=COUNTER,
+                     prompt_budget=budget, force=force)
+
+
+PLANTED = [
+    ("Hi, my name is Lin Wei and I work at Northwind in Rotterdam.", LONG_ANSWER),
+    ("Our incident ticket is INC-4471; the outage started on 14 March 2025 at 09:20 UTC.", LONG_ANSWER),
+    ("我们决定把数据库迁移推迟到4月2日，负责人是王芳。", "好的。" + "我们可以先整理迁移清单，然后逐项确认风险和回滚方案，再安排演练。" * 3),
+    ("What is a database index? One sentence.", LONG_ANSWER),
+    ("Tell me a joke about caching.", LONG_ANSWER),
+    ("Thanks, that was fun.", LONG_ANSWER),
+]
+
+
+def planted(n: int):
+    return PLANTED[(n - 1) % len(PLANTED)]
 
 
 # ------------------------------------------------------------------------------------------ due
@@ -37,8 +73,8 @@ def test_exactly_eight_messages_are_not_due():
     assert c.compaction_due(8, 100, LIMITS, BUDGET) is False  # P6
 
 
-def test_ten_messages_are_due():
-    assert c.compaction_due(10, 100, LIMITS, BUDGET) is True
+def test_ten_messages_are_due_with_a_batch_of_one():
+    assert c.compaction_due(10, 100, MemoryLimits(compact_batch_turns=1), BUDGET) is True
 
 
 def test_batch_turns_wait_for_that_many_turns_beyond_the_window():
@@ -58,314 +94,501 @@ def test_hard_cap_is_four_recent_windows():
     assert c.hard_cap_messages(MemoryLimits(recent_turns=2)) == 16
 
 
-def test_uncompacted_tokens_counts_message_texts():
-    state = thread(2)
-    assert c.uncompacted_tokens(state.messages, COUNTER) == sum(COUNTER.count(m.text) for m in state.messages)
+def test_token_caps_are_shares_of_the_prompt_budget():
+    assert (c.summary_token_cap(BUDGET), c.notes_token_cap(BUDGET)) == (1792, 358)
+    assert (c.summary_token_cap(1500 - 1024), c.notes_token_cap(1500 - 1024)) == (119, 23)
 
 
 # ------------------------------------------------------------------------------------------ plan
 
 
 def test_plan_of_six_turns_folds_the_two_oldest_and_keeps_eight_messages():
-    plan = c.plan_compaction(thread(6), LIMITS, COUNTER, BUDGET)
+    plan = plan_of(thread(6))
     assert plan.folded_ids == ["u1", "a1", "u2", "a2"]
     assert [m.id for m in plan.kept] == ["u3", "a3", "u4", "a4", "u5", "a5", "u6", "a6"]
     assert (plan.folded_turns, plan.kept_turns, plan.expected_gen, plan.version) == (2, 4, 3, 7)
-    assert [m.id for m in plan.reference] == [m.id for m in plan.kept]
 
 
 def test_plan_of_four_turns_folds_nothing():
-    assert c.plan_compaction(thread(4), LIMITS, COUNTER, BUDGET) is None
+    assert plan_of(thread(4)) is None
 
 
 def test_kept_turns_fit_thirty_five_percent_of_the_budget():
     big = "lorem ipsum " * 500
     state = thread(6, texts=lambda n: (big, "ok"))
-    per_turn = COUNTER.count(big) + COUNTER.count("ok")
-    assert per_turn == 1003  # 35 % of 7168 is 2508.8 tokens: two turns fit, three do not
-    plan = c.plan_compaction(state, LIMITS, COUNTER, BUDGET)
+    assert COUNTER.message("user", big) + COUNTER.message("assistant", "ok") == 1011  # two fit in 2508, three do not
+    plan = plan_of(state)
     assert plan.kept_turns == 2
-    assert [m.id for m in plan.kept] == ["u5", "a5", "u6", "a6"]
     assert plan.folded_ids == ["u1", "a1", "u2", "a2", "u3", "a3", "u4", "a4"]
 
 
 def test_a_turn_is_never_split():
-    state = thread(7)
-    plan = c.plan_compaction(state, LIMITS, COUNTER, BUDGET)
+    plan = plan_of(thread(7))
     assert len(plan.folded) % 2 == 0
-    assert plan.kept[0].role == "user"
     assert [m.role for m in plan.kept] == ["user", "assistant"] * 4
-
-
-def test_a_fold_is_capped_so_the_compaction_prompt_fits_the_budget():
-    big = "lorem ipsum " * 200  # 401 tokens
-    state = thread(16, texts=lambda n: (big, "fine"))
-    budget = 2000
-    plan = c.plan_compaction(state, LIMITS, COUNTER, budget)
-    prompt = c.build_compaction_prompt(state, plan, LIMITS, counter=COUNTER)
-    # The 35 % rule keeps one turn (402 tokens of 700); 15 are foldable, but only 4 fit the prompt.
-    assert (plan.folded_turns, plan.kept_turns) == (4, 12)
-    assert plan.folded_ids == ["u1", "a1", "u2", "a2", "u3", "a3", "u4", "a4"]
-    assert COUNTER.prompt(prompt) <= budget
-
-
-def test_one_turn_longer_than_the_budget_is_folded_with_its_text_clipped_in_the_prompt():
-    huge = "lorem ipsum " * 4000  # 8001 tokens, more than the whole budget
-    state = thread(6, texts=lambda n: (huge, "fine") if n == 1 else ("hi", "hello"))
-    plan = c.plan_compaction(state, LIMITS, COUNTER, BUDGET)
-    prompt = c.build_compaction_prompt(state, plan, LIMITS, counter=COUNTER)
-    assert plan.folded_ids[:2] == ["u1", "a1"]
-    assert COUNTER.prompt(prompt) <= BUDGET
-    assert "[…]" in prompt[1]["content"]
 
 
 # ------------------------------------------------------------------------------------------ prompt
 
 
-def test_prompt_holds_previous_memory_the_folded_turns_and_the_kept_turns_for_reference():
-    state = thread(6, summary="Earlier they met Marta.", pins=[Pin("Use Postgres", PINNED_BY_PERSON)])
-    plan = c.plan_compaction(state, LIMITS, COUNTER, BUDGET)
-    prompt = c.build_compaction_prompt(state, plan, LIMITS)
+def test_the_model_sees_only_the_folded_turns_never_the_summary_or_pins():
+    state = thread(6, summary="Statements kept from earlier turns:\n- Person: I am Marta.\n(turns 1–2 of this conversation)",
+                   pins=[Pin("Use Postgres")])
+    prompt = c.build_compaction_prompt(plan_of(state), LIMITS, COUNTER, BUDGET)
     assert [m["role"] for m in prompt] == ["system", "user"]
-    system, user = prompt[0]["content"], prompt[1]["content"]
-    assert '{"summary": "...", "pinnedDecisions": ["..."]}' in system
-    assert "at most 2500 characters" in system and "At most 20 items, each at most 300 characters" in system
-    fold_section = user.split("TURNS TO FOLD (oldest first):\n")[1].split("\n\nKEPT TURNS")[0]
-    assert fold_section == ("[user] question number 1\n[assistant] answer number 1\n"
-                            "[user] question number 2\n[assistant] answer number 2")
-    assert "PREVIOUS SUMMARY:\nEarlier they met Marta." in user
-    assert "1. Use Postgres" in user
-    assert "KEPT TURNS (context only, do not summarize):\n[user] question number 3" in user
+    assert prompt[1]["content"] == ("TURNS (oldest first):\n[person] question number 1\n[assistant] answer number 1\n"
+                                    "[person] question number 2\n[assistant] answer number 2\n\n"
+                                    "Answer with the JSON object only.")
+    assert "Marta" not in str(prompt) and "Postgres" not in str(prompt)
+    assert '{"summary": "...", "pinnedDecisions": ["..."]}' in prompt[0]["content"]
+    assert "at most 300 characters" in prompt[0]["content"] and "at most 3 items" in prompt[0]["content"]
 
 
-def test_second_attempt_prompt_carries_the_previous_answer_and_the_feedback():
-    state = thread(6)
-    plan = c.plan_compaction(state, LIMITS, COUNTER, BUDGET)
-    prompt = c.build_compaction_prompt(state, plan, LIMITS, previous_answer='{"summary": "x"}',
-                                       feedback=["summary: at most 2500 characters, got 3000"])
+def test_a_second_attempt_carries_the_previous_answer_and_the_feedback():
+    prompt = c.build_compaction_prompt(plan_of(thread(6)), LIMITS, COUNTER, BUDGET, previous_answer='{"summary": "x"}',
+                                       feedback=["summary: these names are not in the turns: Bob"])
     assert [m["role"] for m in prompt] == ["system", "user", "assistant", "user"]
-    assert prompt[2]["content"] == '{"summary": "x"}'
-    assert prompt[3]["content"] == ("That answer was not accepted:\n- summary: at most 2500 characters, got 3000\n"
+    assert prompt[3]["content"] == ("That answer was not accepted:\n- summary: these names are not in the turns: Bob\n"
                                     "Answer again with the complete JSON object only.")
+
+
+@pytest.mark.parametrize("context_tokens", [1500, 4096])
+def test_compaction_prompts_of_thirty_chinese_turns_always_fit_the_window(context_tokens):
+    budget = context_tokens - 1024
+    text = "我们讨论了数据库迁移、缓存策略和监控告警的细节😀，负责人是王芳，时间定在4月2日。" * 6
+    state = thread(30, texts=lambda n: (f"第{n}轮：" + text, "好的，" + text))
+    for n in range(5, 31):
+        sub = ThreadState(state.messages[: 2 * n], "", (), None, 1, 1)
+        plan = plan_of(sub, budget=budget)
+        prompt = c.build_compaction_prompt(plan, LIMITS, COUNTER, budget)
+        assert COUNTER.prompt(prompt) <= budget
+        assert ("[…]" in prompt[1]["content"]) == (context_tokens == 1500)  # 1,500: every turn is clipped
+
+
+def test_a_window_too_small_for_any_prompt_is_refused_before_a_request():
+    budget = 150
+    plan = plan_of(thread(6), budget=budget)
+    with pytest.raises(c.PromptTooLong):
+        c.build_compaction_prompt(plan, LIMITS, COUNTER, budget)
 
 
 # ------------------------------------------------------------------------------------------ answer
 
 
-def test_valid_answer_is_accepted_and_trimmed():
-    out = c.validate_output({"summary": "  They talked.  ", "pinnedDecisions": [" Use tea ", "  "]}, LIMITS)
-    assert out == c.CompactionOutput("They talked.", ("Use tea",))
+def test_a_valid_answer_is_accepted_and_trimmed():
+    answer = c.validate_answer({"summary": "  They talked.  ", "pinnedDecisions": [" Use tea ", "  "]})
+    assert (answer.summary, answer.pinnedDecisions) == ("They talked.", ["Use tea"])
 
 
 @pytest.mark.parametrize("raw, kind", [
-    ({"summary": "s", "pinnedDecisions": [], "compactedAt": "2026-01-01T00:00:00Z"}, "shape"),  # P2
-    ({"summary": "s", "pinnedDecisions": [], "recentMessages": []}, "shape"),                  # P2
-    ({"pinnedDecisions": []}, "shape"),                                                         # P7
-    ({"summary": "s"}, "shape"),
+    ([], "shape"), ({"pinnedDecisions": []}, "shape"), ({"summary": "", "pinnedDecisions": []}, "shape"),
+    ({"summary": "x", "pinnedDecisions": [], "compactedAt": "now"}, "shape"),  # P2
+    ({"summary": "x", "pinnedDecisions": [], "recentMessages": []}, "shape"),  # P2
     ({"summary": 3, "pinnedDecisions": []}, "shape"),
-    ({"summary": "", "pinnedDecisions": []}, "shape"),
-    (["s"], "shape"),
-    ({"summary": "x" * 2501, "pinnedDecisions": []}, "limit"),                                  # P3
-    ({"summary": "s", "pinnedDecisions": [f"d{i}" for i in range(21)]}, "limit"),               # P3
-    ({"summary": "s", "pinnedDecisions": ["x" * 301]}, "limit"),                                # P3
+    ({"summary": "x" * 301, "pinnedDecisions": []}, "limit"),
+    ({"summary": "x", "pinnedDecisions": ["a", "b", "c", "d"]}, "limit"),
 ])
 def test_invalid_answers_are_refused_with_their_kind(raw, kind):
-    with pytest.raises(c.InvalidCompactionOutput) as info:
-        c.validate_output(raw, LIMITS)
-    assert info.value.kind == kind
-    if kind == "limit":
-        assert info.value.problems[-1] == ("limits: summary at most 2500 characters; at most 20 pinned "
-                                           "decisions of at most 300 characters")
+    with pytest.raises(c.InvalidCompactionOutput) as err:
+        c.validate_answer(raw)
+    assert err.value.kind == kind
 
 
-def test_a_summary_that_nests_the_previous_one_is_a_copy():
-    previous = "They planned the launch.\nKey facts: INC-4821; 2024-03-15."
-    assert c.copies_previous_summary("Before: They planned the launch.\nKey facts: INC-4821; 2024-03-15. More.",
-                                     previous) is True
-    assert c.copies_previous_summary("They planned the launch. Then they ate.\nKey facts: INC-4821.", previous) is True
-    assert c.copies_previous_summary("The launch was planned; lunch followed.", previous) is False
-    assert c.copies_previous_summary("anything", "") is False
+def test_the_answer_schema_sent_bounds_the_output():
+    from app.llm.structured import answer_schema, strict_answer_schema
+
+    schema = answer_schema(c.CompactionAnswer)
+    assert schema["properties"]["summary"]["maxLength"] == 300
+    assert schema["properties"]["pinnedDecisions"]["maxItems"] == 3
+    assert schema["additionalProperties"] is False
+    assert strict_answer_schema(c.CompactionAnswer)["required"] == ["summary", "pinnedDecisions"]
 
 
-# ------------------------------------------------------------------------------------------ facts
-
-PLANTED = ("I'm Marta Kowalski from the SRE team. Incident INC-4821 hit eu-west-2 on 2024-03-15; "
-           "the runbook is at https://wiki.example.com/runbooks/inc-4821 and the flag is `billing_v2`. "
-           "We lost 12,000 requests, about 3.5% of traffic, and the fix costs $300.")
+# ------------------------------------------------------------------------------------------ record
 
 
-def test_facts_are_extracted_in_order():
-    assert c.extract_facts(PLANTED) == [
-        "Marta Kowalski", "SRE", "INC-4821", "eu-west-2", "2024-03-15",
-        "https://wiki.example.com/runbooks/inc-4821", "billing_v2", "12,000", "3.5%", "$300"]
+def test_a_record_renders_and_parses_back():
+    record = Record(1, 8, (RecordLine(ABOUT, "Introductions."), RecordLine(PERSON, "I am Lin Wei."),
+                           RecordLine(ASSISTANT, "Redis listens on 6379.")))
+    text = record.render()
+    assert text == ("Statements kept from earlier turns:\n- About: Introductions.\n- Person: I am Lin Wei.\n"
+                    "- Assistant: Redis listens on 6379.\n(turns 1–8 of this conversation)")
+    assert parse_record(text) == record
 
 
-def test_small_talk_has_no_facts():
-    assert c.extract_facts("Hi! How are you today? I'm fine, thanks. Sure, let's keep going.") == []
-    assert c.extract_facts("I have 3 cats.") == []  # single digits are too common to require
+def test_a_free_text_summary_of_earlier_versions_parses_into_sentences():
+    record = parse_record("They met Marta. She works in Oslo.\nKey facts: INC-1.")
+    assert [(line.kind, line.text) for line in record.lines] == [
+        (TEXT, "They met Marta."), (TEXT, "She works in Oslo."), (TEXT, "Key facts: INC-1.")]
 
 
-def test_written_dates_times_and_code_names_are_facts():
-    text = "Ship on March 15, 2025 at 14:30 with PostgreSQL 16, getUser() and H100 nodes; call O'Brien."
-    assert c.extract_facts(text) == ["March 15, 2025", "14:30", "PostgreSQL", "16", "getUser", "H100", "O'Brien"]
+def test_a_turn_keeps_the_persons_fact_sentences_and_answer_sentences_that_add_facts():
+    turn = (message("u1", "user", "Hi! My name is Lin Wei. How are you today? I prefer short answers."),
+            message("a1", "assistant", "Nice to meet you, Lin Wei! Redis listens on port 6379 by default. "
+                                       "PostgreSQL uses 5432. MySQL uses 3306. Anything else?\n```\nx_y = 1\n```"))
+    lines = statement_lines(turn)
+    assert [(line.kind, line.text) for line in lines] == [
+        (PERSON, "My name is Lin Wei. I prefer short answers."),
+        (ASSISTANT, "PostgreSQL uses 5432.")]  # one answer sentence: the first with the most new facts
 
 
-def test_facts_are_checked_word_for_word():
-    facts = ["INC-4821", "Marta Kowalski", "2024-03-15"]
-    check = c.check_facts(facts, "Marta Kowalski handled inc-4821 on 2024-03-150.", ["Deadline 2024-03-15"])
-    assert check.missing == ("INC-4821",)
-    assert check.retention == 0.6667
-    assert c.check_facts([], "", []).retention == 1.0
+def test_the_answer_to_a_turn_that_only_told_something_adds_no_line():
+    """A small model restates what it was told with changes: the person's words stand, alone."""
+    for said, restated in (
+            ("我们决定把数据库迁移推迟到4月2日，负责人是王芳。",
+             "We need to delay the database migration until March 2, 2025, at 9:20 UTC."),
+            ("Hi, my name is Lin Wei. I work at Northwind Logistics in Rotterdam.",
+             "Hello Lin Wei! I'm a .NET developer working at Northwind Logistics in Rotterdam.")):
+        lines = statement_lines((message("u1", "user", said), message("a1", "assistant", restated)))
+        assert [(line.kind, line.text) for line in lines] == [(PERSON, said)]
 
 
-def test_expected_facts_include_the_previous_summary_and_pins():
-    state = thread(6, summary="Region eu-west-2 was affected.", pins=[Pin("Deadline is 2024-04-01")],
-                   texts=lambda n: ("Incident INC-4821 continues", "noted") if n == 1 else ("hi", "hello"))
-    plan = c.plan_compaction(state, LIMITS, COUNTER, BUDGET)
-    assert c.expected_facts(state, plan) == ["eu-west-2", "2024-04-01", "INC-4821"]
+def test_questions_and_requests_are_no_statements_unless_they_give_an_id_number_or_date():
+    def lines(user: str, answer: str = "Fine.") -> list[tuple[str, str]]:
+        return [(line.kind, line.text) for line in
+                statement_lines((message("u1", "user", user), message("a1", "assistant", answer)))]
+
+    assert lines("What is a Bloom filter? Two sentences.",
+                 "A Bloom filter was described by Burton Howard Bloom in 1970.") == [
+        (ASSISTANT, "A Bloom filter was described by Burton Howard Bloom in 1970.")]  # the answer to a question
+    assert lines("Explain Redis persistence briefly.") == []
+    assert lines("Give me a Python one-liner to reverse a string.") == []
+    assert lines("请解释一下Redis的持久化。") == []
+    assert lines("Is INC-4471 still open?", "Yes, it is.") == [(PERSON, "Is INC-4471 still open?")]
+    # the guard reads the same sentences: it never demands "Bloom" or "Redis" from a question
+    assert statement_sentences("What is a Bloom filter? We run Redis 7 in Frankfurt.") == [
+        "We run Redis 7 in Frankfurt."]
 
 
-def test_missing_facts_are_carried_on_one_key_facts_line():
-    assert c.carry_missing_facts("They talked.", ["INC-4821", "eu-west-2"], 2500) == \
-        "They talked.\nKey facts: INC-4821; eu-west-2."
-    assert c.carry_missing_facts("They talked.\nKey facts: INC-4821.", ["eu-west-2"], 2500) == \
-        "They talked.\nKey facts: INC-4821; eu-west-2."
-    assert c.carry_missing_facts("They talked.", [], 2500) == "They talked."
+def test_a_sentence_cut_to_its_facts_ends_on_whole_words_and_shows_the_cuts():
+    sentence = ("The Bloom filter works by maintaining a bit array of m bits and k hash functions, each mapping an "
+                "element to one of the positions, which answers membership queries for INC-4471 quickly and "
+                "cheaply without storing the elements themselves at any point in time whatsoever.")
+    cut = condense(sentence, ["INC-4471"], 120)
+    assert cut.startswith("… ") and cut.endswith(" …") and "INC-4471" in cut
+    inner = cut[2:-2]
+    assert inner in sentence and sentence[sentence.index(inner) - 1] == " "  # starts on a word
+    assert sentence[sentence.index(inner) + len(inner)] == " "  # and ends on one
 
 
-def test_carrying_facts_stays_within_the_limit():
-    summary = "A long sentence about the plan. " * 80  # 2560 characters
-    out = c.carry_missing_facts(summary.strip()[:2500], ["INC-4821", "Marta Kowalski"], 2500)
-    assert len(out) <= 2500
-    assert out.endswith("\nKey facts: INC-4821; Marta Kowalski.")
-    assert out.startswith("A long sentence about the plan.")
+def test_greetings_that_only_name_someone_add_no_line():
+    for text in ("Hey Mel!", "Thanks, Melanie!", "Wow, Melanie!", "Totally agree, Mel."):
+        assert statement_lines((message("u1", "user", text),)) == []
+    assert [line.text for line in statement_lines((message("u1", "user", "Hi, I'm Lin Wei."),))] == ["Hi, I'm Lin Wei."]
 
 
-@hsettings(max_examples=200, deadline=None)
-@given(st.text(max_size=400), st.lists(st.text(min_size=1, max_size=60), max_size=30), st.integers(100, 600))
-def test_carry_never_passes_the_limit(summary, missing, limit):
-    assert len(c.carry_missing_facts(summary, missing, limit)) <= limit
+def test_a_turn_without_facts_or_decisions_adds_no_line():
+    turn = (message("u1", "user", "Tell me a joke about caching."), message("a1", "assistant", LONG_ANSWER))
+    assert statement_lines(turn) == []
 
 
-@hsettings(max_examples=300, deadline=None)
-@given(st.lists(st.sampled_from(list("abcXYZ019 -_.:/@$%,'`\n") + ["INC-", "https://", "March ", "Marta "]),
-                max_size=80).map("".join))
-def test_every_extracted_fact_appears_word_for_word_in_its_source(text):
-    facts = c.extract_facts(text)
-    assert c.check_facts(facts, text, []).missing == ()
+def test_a_long_sentence_keeps_the_clauses_with_its_facts():
+    sentence = ("Well, as I was saying earlier, after a lot of back and forth with the whole team, and many long "
+                "meetings that went on and on until late in the evening, with pizza, coffee and far too many slides, "
+                "we finally opened ticket INC-4471, which tracks the outage, and we will review it weekly.")
+    [line] = statement_lines((message("u1", "user", sentence),))
+    assert line.text == "we finally opened ticket INC-4471"
+    assert len(line.text) < len(sentence)
 
 
-# ------------------------------------------------------------------------------------------ pins
+def lines_record(n: int) -> Record:
+    lines = []
+    for i in range(n):
+        lines.append(RecordLine(ABOUT, f"They talked about topic number {i}."))
+        lines.append(RecordLine(PERSON, f"My ticket is INC-{1000 + i} and it is about the billing flow."))
+        lines.append(RecordLine(ASSISTANT, f"Port {7000 + i} is the one to open for it."))
+    return Record(1, 2 * n, tuple(lines))
 
 
-def test_pins_merge_without_normalized_duplicates_newest_last():
-    old = [Pin("Use Postgres.", PINNED_BY_MODEL), Pin("Ship on Friday", PINNED_BY_PERSON)]
-    merged = c.merge_pins(old, ["use  postgres", "- Ship on friday!", "Write tests first"], LIMITS)
-    assert merged == (Pin("Use Postgres.", PINNED_BY_MODEL), Pin("Ship on Friday", PINNED_BY_PERSON),
-                      Pin("Write tests first", PINNED_BY_MODEL))
+def test_fitting_drops_about_lines_first_then_answers_then_the_persons_oldest():
+    record = lines_record(12)
+    chars = len(record.render())
+    fitted, report = fit_record(record, max_chars=chars - 200, max_tokens=10_000, counter=COUNTER)
+    assert report.steps == ("about",) and report.dropped_facts == ()
+    abouts = [line.text for line in record.lines if line.kind == ABOUT]
+    remaining = [line.text for line in fitted.lines if line.kind == ABOUT]
+    assert remaining == abouts[len(abouts) - len(remaining):] and len(remaining) < len(abouts)  # oldest went
+    fitted, report = fit_record(record, max_chars=1200, max_tokens=10_000, counter=COUNTER)
+    assert report.steps == ("about", "assistant")
+    assert len(fitted.render()) <= 0.85 * 1200  # cut down to FIT_SHARE of the limit: room for what comes next
+    dropped = len(report.dropped_facts)
+    assert report.dropped_facts == tuple(str(7000 + i) for i in range(dropped)) and 0 < dropped < 12  # oldest first
+    assert sum(line.kind == PERSON for line in fitted.lines) == 12
+    fitted, report = fit_record(record, max_chars=400, max_tokens=10_000, counter=COUNTER)
+    assert report.steps[-1] == "person" and "INC-1000" in report.dropped_facts
+    assert "INC-1011" in fitted.render()  # the newest stay
 
 
-def test_a_persons_wording_wins_over_a_model_duplicate():
-    old = [Pin("use tabs", PINNED_BY_MODEL), Pin("Use TABS", PINNED_BY_PERSON)]
-    assert c.merge_pins(old, [], LIMITS) == (Pin("Use TABS", PINNED_BY_PERSON),)
+def test_fitting_keeps_a_line_whose_facts_are_referenced_elsewhere_longer():
+    record = Record(1, 8, tuple(line for line in lines_record(4).lines if line.kind == PERSON))
+    one_line_less = COUNTER.count(Record(1, 8, record.lines[1:]).render())
+    fitted, report = fit_record(record, max_chars=10_000, max_tokens=one_line_less, counter=COUNTER,
+                                reference_text="we still talk about INC-1000")
+    assert "INC-1000" in fitted.render() and "INC-1003" in fitted.render()
+    assert report.dropped_facts == ("INC-1001", "INC-1002")  # the least referenced, oldest first
 
 
-def test_over_the_limit_the_oldest_model_pins_go_and_person_pins_stay():
-    old = [Pin(f"person decision {i}", PINNED_BY_PERSON) for i in range(5)] + \
-          [Pin(f"model decision {i}", PINNED_BY_MODEL) for i in range(15)]
-    merged = c.merge_pins(old, ["new one", "new two"], LIMITS)
-    assert len(merged) == 20
-    assert [p.text for p in merged if p.by == PINNED_BY_PERSON] == [f"person decision {i}" for i in range(5)]
-    assert [p.text for p in merged if p.by == PINNED_BY_MODEL] == \
-        [f"model decision {i}" for i in range(2, 15)] + ["new one", "new two"]
+def test_fitting_respects_the_token_limit_with_chinese_lines():
+    lines = tuple(RecordLine(PERSON, f"第{i}次会议决定把数据库迁移推迟到4月{i % 28 + 1}日，负责人是王芳和李娜。")
+                  for i in range(60))
+    record = Record(1, 60, lines)
+    fitted, report = fit_record(record, max_chars=2500, max_tokens=300, counter=COUNTER)
+    assert COUNTER.count(fitted.render()) <= 300 and len(fitted.render()) <= 2500
+    assert report.steps == ("person",) and fitted.lines[-1] == lines[-1]
 
 
-def test_person_pins_are_never_dropped_even_when_they_fill_the_limit():
-    old = [Pin(f"person decision {i}", PINNED_BY_PERSON) for i in range(20)]
-    assert c.merge_pins(old, ["model idea"], LIMITS) == tuple(old)
+@hsettings(max_examples=40, deadline=None)
+@given(st.lists(st.sampled_from(["Lin Wei", "INC-4471", "9000 euros", "4月2日", "王芳", "hello there", "ok"]),
+                min_size=1, max_size=40), st.integers(min_value=60, max_value=2500))
+def test_fitting_never_passes_the_limits_and_reports_every_fact_it_lets_go(words, max_chars):
+    lines = tuple(RecordLine(PERSON, f"Item {i}: {w}.") for i, w in enumerate(words))
+    record = Record(1, len(words), lines)
+    fitted, report = fit_record(record, max_chars=max_chars, max_tokens=10_000, counter=COUNTER)
+    text = fitted.render()
+    assert len(text) <= max_chars
+    kept = "\n".join(line.text for line in fitted.lines)
+    for fact in c.facts_of(line.text for line in lines):
+        assert c.fact_present(fact, kept) or fact in report.dropped_facts
 
 
-# ------------------------------------------------------------------------------------------ finish
+# ------------------------------------------------------------------------------------------ notes
 
 
-def test_finish_carries_facts_the_model_dropped():
-    state = thread(6, texts=lambda n: (PLANTED, "Noted.") if n == 1 else ("hi", "hello"))
-    plan = c.plan_compaction(state, LIMITS, COUNTER, BUDGET)
-    result = c.finish_compaction(state, plan, c.CompactionOutput("Marta reported an outage.", ()), LIMITS)
-    assert result.summary == ("Marta reported an outage.\nKey facts: Marta Kowalski; SRE; INC-4821; eu-west-2; "
-                              "2024-03-15; https://wiki.example.com/runbooks/inc-4821; billing_v2; 12,000; 3.5%; $300.")
-    assert (result.model_retention, result.retention, result.facts_carried, result.facts_lost) == (0.0, 1.0, 10, 0)
-    assert result.missing[0] == "Marta Kowalski"
+FOLDED = (message("u1", "user", "We decided to move the launch to Friday and we will not build a mobile app."),
+          message("a1", "assistant", "Understood. HTTP 200 means OK and 401 means unauthorized."),
+          message("u2", "user", "我们决定把数据库迁移推迟到4月2日，负责人是王芳。"))
 
 
-# ------------------------------------------------------------------------------------------ extractive
+@pytest.mark.parametrize("proposal, problem", [
+    ("We will not build a mobile app.", None),
+    ("Launch moved to Friday (decided).", None),
+    ("数据库迁移推迟到4月2日，王芳负责", None),
+    ("200", "bare value"),
+    ("UTC", "bare value"),
+    ("What is a database index?", "question"),
+    ("HTTP 401 means unauthorized, always check the token.", "not grounded"),
+    ("The launch is on Friday and the mobile app is nice.", "not a decision"),
+    ("We decided to move the launch to Friday 13 March.", "fact not in the person's words"),
+    ("我们决定把数据库迁移推迟到5月9日，负责人是王芳。", "fact not in the person's words"),
+])
+def test_a_proposed_note_is_kept_only_when_grounded_in_the_persons_words(proposal, problem):
+    assert note_problem(proposal, FOLDED, existing=[]) == problem
 
 
-def test_extractive_fold_keeps_first_sentences_and_facts_within_the_limits():
-    state = thread(6, summary="They met.", pins=[Pin("Use Postgres", PINNED_BY_PERSON)],
-                   texts=lambda n: (PLANTED, "Noted. I will track it.") if n == 1 else
-                   (f"small talk turn {WORDSN[n]}. More words.", f"reply {WORDSN[n]}."))
-    plan = c.plan_compaction(state, LIMITS, COUNTER, BUDGET)
-    result = c.extractive_compaction(state, plan, LIMITS)
+def test_a_note_never_repeats_a_pin_and_notes_are_capped_oldest_first():
+    merged = merge_notes(["Old note one decided.", "Old note two decided."],
+                         ["We will not build a mobile app.", "we decided to move the launch to friday"], FOLDED,
+                         pins=["We decided to move the launch to Friday"], max_count=2, max_chars=200,
+                         max_tokens=1000, counter=COUNTER)
+    assert merged.notes == ("Old note two decided.", "We will not build a mobile app.")
+    assert merged.refused == (("we decided to move the launch to friday", "duplicate"),)
+    assert merged.dropped == ("Old note one decided.",)
+
+
+# ------------------------------------------------------------------------------------------ compose
+
+
+def test_a_fold_without_the_model_keeps_every_planted_fact_and_shrinks_memory():
+    state = thread(6, texts=planted, pins=[Pin("Answer in English")])
+    result = compose(state)
     assert result.summary == (
-        "- I'm Marta Kowalski from the SRE team. → Noted.\n"
-        "- small talk turn two. → reply two.\n"
-        "Key facts: INC-4821; eu-west-2; 2024-03-15; https://wiki.example.com/runbooks/inc-4821; billing_v2; "
-        "12,000; 3.5%; $300.")
-    assert result.pins == (Pin("Use Postgres", PINNED_BY_PERSON),)
-    assert result.retention == 1.0 and result.strategy == "extractive"
-    assert c.extractive_compaction(state, plan, LIMITS) == result  # deterministic
+        "Statements kept from earlier turns:\n"
+        "- Person: Hi, my name is Lin Wei and I work at Northwind in Rotterdam.\n"
+        "- Person: Our incident ticket is INC-4471; the outage started on 14 March 2025 at 09:20 UTC.\n"
+        "(turns 1–2 of this conversation)")
+    assert result.strategy == "extractive" and result.notes == ()
+    assert (result.facts_checked, result.facts_kept, result.facts_dropped) == (6, 6, 0)
+    assert result.tokens_after < result.tokens_before
 
 
-def unique_word(k: int) -> str:
-    """A lower-case word unique to ``k`` (no digits, so no facts)."""
-    return "".join(chr(97 + (k // 26 ** i) % 26) for i in range(3))
+def test_a_greeting_that_only_names_someone_is_neither_recorded_nor_guarded():
+    # "Hey Mel!" keeps no record line, so the fact guard must not demand "Mel" (it refused every such fold)
+    def texts(n):
+        if n == 1:
+            return ("Hey Mel! I moved to Lisbon in 2021 and I still love the light there in the evenings.",
+                    "That sounds like a wonderful place to live, thank you for telling me about it. A city where "
+                    "the evenings feel that good is worth a lot, and it is lovely that it still surprises you after "
+                    "all this time. Tell me more whenever you like, it is always nice to hear about the places "
+                    "people call home and what makes them feel that way.")
+        return (f"question number {n}", f"answer number {n}")
+    result = compose(thread(6, texts=texts))
+    assert result.summary == ("Statements kept from earlier turns:\n"
+                              "- Person: I moved to Lisbon in 2021 and I still love the light there in the evenings.\n"
+                              "- Asked: question number 2\n(turns 1–2 of this conversation)")
+    assert (result.facts_dropped, result.strategy) == (0, "extractive")
 
 
-WORDSN = {n: w for n, w in enumerate(["zero", "one", "two", "three", "four", "five", "six", "seven"])}
+def test_a_model_answer_adds_an_about_line_and_grounded_notes_only():
+    state = thread(6, texts=planted)
+    answer = c.validate_answer({"summary": "Lin Wei introduced himself and reported outage INC-4471.",
+                                "pinnedDecisions": ["What is INC-4471?", "200"]})
+    result = compose(state, answer)
+    assert result.summary.splitlines()[1] == "- About: Lin Wei introduced himself and reported outage INC-4471."
+    assert (result.strategy, result.notes, result.notes_refused) == ("llm", (), 2)
 
 
-def test_repeated_extractive_folds_stay_bounded_and_never_copy_an_earlier_summary():
-    limits = MemoryLimits(summary_max_chars=400)
-    summaries: list[str] = []
-    state = thread(6, texts=lambda n: (f"topic {unique_word(n)} is discussed at length here.", "Right."))
-    for cycle in range(12):
-        plan = c.plan_compaction(state, limits, COUNTER, BUDGET)
-        result = c.extractive_compaction(state, plan, limits)
-        assert len(result.summary) <= 400
-        assert all(earlier not in result.summary for earlier in summaries)
+def test_a_gist_that_invents_facts_is_refused_as_ungrounded():
+    answer = c.validate_answer({"summary": "Wang Fang reported an outage in September 2025.", "pinnedDecisions": []})
+    with pytest.raises(c.InvalidCompactionOutput) as err:
+        compose(thread(6, texts=planted), answer)
+    assert err.value.kind == "ungrounded" and "Wang Fang" in err.value.problems[0]
+
+
+def test_a_gist_naming_facts_of_older_memory_for_unrelated_turns_is_refused_as_ungrounded():
+    """The facts are in memory already, but not in the turns this gist is about."""
+    summary = "Statements kept from earlier turns:\n- Person: 我们决定把数据库迁移推迟到4月2日，负责人是王芳。\n" \
+              "(turns 1–1 of this conversation)"
+    state = thread(6, summary=summary, texts=lambda n: (f"Tell me about film number {n}, please?", LONG_ANSWER))
+    answer = c.validate_answer({"summary": "请提供电影的详细信息，以便我将数据库迁移推迟到4月2日。负责人是王芳。",
+                                "pinnedDecisions": []})
+    with pytest.raises(c.InvalidCompactionOutput) as err:
+        compose(state, answer)
+    assert err.value.kind == "ungrounded" and "4月2日" in err.value.problems[0]
+
+
+def test_a_gist_repeating_older_memory_that_only_an_answer_echoed_is_refused_as_ungrounded():
+    """A small chat model repeats the record's facts in unrelated answers; a gist of them would write them again."""
+    summary = "Statements kept from earlier turns:\n- Person: 我们决定把数据库迁移推迟到4月2日，负责人是王芳。\n" \
+              "(turns 1–1 of this conversation)"
+    echo = "这部电影很好看。另外，数据库迁移推迟到4月2日，负责人是王芳。" + "导演讲了一个关于家庭的故事。" * 6
+    state = thread(6, summary=summary, texts=lambda n: (f"电影{n}的票房怎么样？", echo))
+    answer = c.validate_answer({"summary": "询问电影票房；数据库迁移推迟到4月2日。", "pinnedDecisions": []})
+    with pytest.raises(c.InvalidCompactionOutput) as err:
+        compose(state, answer)
+    assert err.value.kind == "ungrounded" and "earlier turns" in err.value.problems[0]
+    assert "4月2日" in err.value.problems[0]
+
+
+def test_for_turns_that_only_told_things_a_gist_retelling_the_answers_adds_no_line():
+    told = "Hi, I'm Lin Wei. I work at Northwind Logistics in Rotterdam."
+    invented = ("Lin Wei is an excellent candidate for an open role at Northwind Logistics, with experience in "
+                "finance, logistics and supply chain management.")
+    state = thread(6, texts=lambda n: (told, invented + " " + LONG_ANSWER) if n == 1 else
+                   (f"My ticket number is INC-{n}.", LONG_ANSWER))
+    answer = c.validate_answer({"summary": invented, "pinnedDecisions": []})
+    result = compose(state, answer)
+    assert result.strategy == "llm" and "- About:" not in result.summary
+    assert "- Person: " + told in result.summary.splitlines()
+    grounded = c.validate_answer({"summary": "Lin Wei of Northwind Logistics in Rotterdam gave ticket INC-2.",
+                                  "pinnedDecisions": []})
+    assert "- About: Lin Wei of Northwind Logistics in Rotterdam gave ticket INC-2." in \
+        compose(state, grounded).summary.splitlines()
+
+
+def test_a_gist_that_copies_the_answer_adds_no_line_but_a_gist_in_its_own_words_does():
+    answer_text = ("A Bloom filter is a data structure used to quickly determine whether an element exists in a "
+                   "set of elements. It works by distributing the elements into buckets. " + LONG_ANSWER)
+    state = thread(6, texts=lambda n: ("What is a Bloom filter?", answer_text) if n == 1 else
+                   (f"question number {n}", LONG_ANSWER))
+    copied = c.validate_answer({"summary": "Bloom filter is a data structure used to quickly determine whether an "
+                                           "element exists in a set of elements.", "pinnedDecisions": []})
+    assert "- About:" not in compose(state, copied).summary
+    own = c.validate_answer({"summary": "The person asked what a Bloom filter is.", "pinnedDecisions": []})
+    assert "- About: The person asked what a Bloom filter is." in compose(state, own).summary.splitlines()
+
+
+def test_a_gist_that_only_repeats_what_the_person_said_adds_no_line():
+    said = "We have an incident: ticket INC-4471. The outage started on 14 March 2025 at 09:20 UTC."
+    state = thread(6, texts=lambda n: (said, LONG_ANSWER) if n == 1 else (f"question number {n}", LONG_ANSWER))
+    answer = c.validate_answer({"summary": said, "pinnedDecisions": []})
+    result = compose(state, answer)
+    assert result.strategy == "llm"
+    assert [line for line in result.summary.splitlines() if line.startswith("- ")] == ["- Person: " + said]
+
+
+def test_an_answer_that_would_not_shrink_memory_enough_is_refused_as_growth():
+    state = thread(6, texts=lambda n: (f"My ticket is INC-{n}.", "Noted."))
+    answer = c.validate_answer({"summary": "The person listed tickets " + "and more tickets " * 12,
+                                "pinnedDecisions": []})
+    with pytest.raises(c.InvalidCompactionOutput) as err:
+        compose(state, answer)
+    assert err.value.kind == "growth"
+
+
+def test_a_fold_that_would_free_too_little_is_not_written_unless_at_the_hard_cap():
+    state = thread(6, texts=lambda n: (f"My ticket is INC-{n}, opened on 2025-03-0{n}.", "Noted."))
+    with pytest.raises(c.NoGain):
+        compose(state)
+    forced = compose(state, force=True)
+    folded_cost = c.messages_cost(plan_of(state).folded, COUNTER)
+    assert c.memory_cost(forced.summary, forced.notes, [], COUNTER) <= 0.75 * folded_cost
+    assert forced.facts_dropped > 0  # let go by the policy, counted
+
+
+def test_repeated_folds_append_never_rewrite_and_stay_within_both_limits():
+    limits = MemoryLimits(summary_max_chars=800)
+    state = thread(6, texts=planted)
+    summaries = []
+    n = 6
+    for cycle in range(10):
+        result = compose(state, limits=limits)
+        assert len(result.summary) <= 800 and COUNTER.count(result.summary) <= c.summary_token_cap(BUDGET)
+        assert [s for s in summaries if s in result.summary] == []  # no earlier summary is nested inside
+        lines = result.summary.splitlines()
+        assert len(lines) == len(set(lines))  # no line twice
         summaries.append(result.summary)
-        kept = plan.kept
-        fresh = []
-        for n in range(2):
-            k = 100 * cycle + n
-            fresh += [message(f"u{k}", "user", f"topic {unique_word(k)} is discussed at length here."),
-                      message(f"a{k}", "assistant", "Right.")]
-        state = ThreadState(tuple(kept) + tuple(fresh), result.summary, result.pins, None, 0, cycle + 1)
+        plan = plan_of(state)
+        kept = list(plan.kept)
+        for _ in range(2):
+            n += 1
+            user, answer = planted(n)
+            user = user.replace("4471", str(4471 + n)).replace("Lin Wei", f"Lin Wei {n}")
+            kept += [message(f"u{n}", "user", user), message(f"a{n}", "assistant", answer)]
+        state = ThreadState(tuple(kept), result.summary, (), None, state.version + 1, state.gen + 1, result.notes)
+    assert summaries[-1].endswith("\n(turns 1–20 of this conversation)")
 
 
-def test_result_json_is_numbers_and_texts_only():
-    state = thread(6)
-    plan = c.plan_compaction(state, LIMITS, COUNTER, BUDGET)
-    result = c.finish_compaction(state, plan, c.CompactionOutput("They talked about numbers.", ("Be brief",)), LIMITS)
-    assert json.loads(json.dumps({"summary": result.summary, "pins": [p.to_dict() for p in result.pins]})) == \
-        {"summary": "They talked about numbers.", "pins": [{"text": "Be brief", "by": "model"}]}
+def test_a_persons_pin_is_never_touched_by_twenty_compactions():
+    pin = Pin("Ship the release on Friday, after the review — 不要在周末发布。")
+    state = thread(6, texts=planted, pins=[pin])
+    for _ in range(20):
+        result = compose(state)
+        state = ThreadState(plan_of(state).kept + state.messages[:4], result.summary, state.pins, None,
+                            state.version + 1, state.gen + 1, result.notes)
+        assert state.pins == (pin,)
 
 
-def test_a_second_copy_is_cut_out_of_the_answer():
-    previous = "They planned the launch.\nKey facts: INC-4821."
-    assert c.remove_previous_summary("Before: They planned the launch.\nKey facts: INC-4821.\nThen lunch.",
-                                     previous) == "Before:\nThen lunch."
-    assert c.remove_previous_summary("They planned the launch. Then lunch.", previous) == "Then lunch."
-    assert c.remove_previous_summary("They planned the launch.", previous) == ""
-    assert c.remove_previous_summary("A rewrite.", "") == "A rewrite."
+def test_a_thirty_turn_chinese_conversation_keeps_every_planted_fact_after_every_fold():
+    facts = ["2025年3月14日", "王芳", "INC-4471", "9000欧元", "杭州", "3个副本"]
+    plants = {1: "我叫林伟，工单号是INC-4471。", 2: "项目在2025年3月14日上线，负责人是王芳。",
+              3: "预算为9000欧元，集群需要3个副本。", 4: "我住在杭州。"}
+    filler = "我们聊聊天气吧，今天阳光很好，适合出去走走，顺便买点水果。"
+    answer = "好的。" + "这是一个很好的问题，我们可以从几个方面来看，先了解背景，再比较不同做法的优缺点。" * 3
+    state = ThreadState(summary="")
+    summary, notes = "", ()
+    messages: list[ThreadMessage] = []
+    for n in range(1, 31):
+        messages += [message(f"u{n}", "user", plants.get(n, filler)), message(f"a{n}", "assistant", answer)]
+        state = ThreadState(tuple(messages), summary, (), None, n, n, notes)
+        if not c.compaction_due(len(messages), c.uncompacted_tokens(messages, COUNTER), LIMITS, BUDGET):
+            continue
+        try:
+            result = compose(state)
+        except c.NoGain:
+            continue
+        plan = plan_of(state)
+        messages, summary, notes = list(plan.kept), result.summary, result.notes
+        memory = "\n".join([summary, *notes, *(m.text for m in messages)])
+        assert [f for f in facts if f not in memory] == []
+    assert summary.startswith("Statements kept from earlier turns:\n")
 
 
-def test_extractive_fold_drops_the_oldest_sentence_of_the_previous_summary_first():
-    state = thread(6, summary="They met. They planned the launch.\nKey facts: INC-4821.")
-    plan = c.plan_compaction(state, LIMITS, COUNTER, BUDGET)
-    result = c.extractive_compaction(state, plan, LIMITS, model_pins=["Ship it"], strategy="condensed")
-    assert result.summary == ("They planned the launch.\n- question number 1 → answer number 1\n"
-                              "- question number 2 → answer number 2\nKey facts: INC-4821.")
-    assert (result.pins, result.strategy) == ((Pin("Ship it", PINNED_BY_MODEL),), "condensed")
-    assert not c.copies_previous_summary(result.summary, state.summary)
+def test_the_fact_guard_refuses_a_result_that_lost_a_fact_by_accident(monkeypatch):
+    import importlib
+
+    compose_module = importlib.import_module("app.memory.compaction.compose")
+
+    def lossy(record, **kwargs):
+        from app.memory.compaction.record import FitReport
+        return Record(record.first_turn, record.last_turn, record.lines[:-1]), FitReport()
+
+    monkeypatch.setattr(compose_module, "fit_record", lossy)
+    with pytest.raises(c.FactGuardFailure):
+        compose(thread(6, texts=planted))
+
+
+def test_a_record_written_under_the_earlier_header_reads_the_same():
+    lines = "- Person: I am Marta.\n- Assistant: Oslo has 700000 people.\n(turns 1–2 of this conversation)"
+    old, new = parse_record("Earlier turns, kept as notes:\n" + lines), parse_record(HEADER + "\n" + lines)
+    assert old == new and [line.kind for line in new.lines] == [PERSON, ASSISTANT]
+    assert new.render() == HEADER + "\n" + lines

@@ -1,4 +1,4 @@
-"""Random interleavings of commits, compactions, clears and duplicate deliveries (issue 4, hypothesis).
+"""Random interleavings of commits, compactions, clears and duplicate deliveries (hypothesis).
 
 The compaction task's phases (``prepare`` = the task reads the thread, ``produce``
 = the model call over HTTP to the fake LLM, ``commit`` = the Lua compare-and-set)
@@ -9,7 +9,7 @@ compactions that applied) must equal the stored thread after every step:
 
 - no committed message is lost unless a compaction that read it applied;
 - no message is held twice, and the order is the commit order;
-- summary and pins stay within their limits after every applied compaction.
+- summary, pins and notes stay within their limits after every applied compaction.
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ import pytest
 from hypothesis import HealthCheck, settings as hsettings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
+from app.compaction.service import commit, prepare, produce, run_compaction
 from app.llm.provider import LLMError
-from app.memory.compaction import InvalidCompactionOutput
+from app.memory.compaction import InvalidCompactionOutput, NoGain
 from app.settings import MemoryLimits
 from tests.fixtures.celery_worker import commit_turn, thread_id_for
-from workers.compaction import commit, prepare, produce, run_compaction
 
 LIMITS = MemoryLimits(recent_turns=2, summary_max_chars=300, pinned_max=3, pinned_max_chars=60)
 MODES = ["ok", "ok", "ok", "rate_limited", "over_limit", "extra_keys", "long_pins"]
@@ -45,7 +45,7 @@ class FakeModelScript:
 
         self.calls += 1
         user = body["messages"][1]["content"]
-        folded = user.split("TURNS TO FOLD (oldest first):\n")[1].split("\n\n")[0].count("[user]")
+        folded = user.split("TURNS (oldest first):\n")[1].count("[person]")
         summary = f"Call {self.calls} folded {folded} turns of the talk about tickets."
         if self.mode == "rate_limited":
             return Reply(status=429)
@@ -54,8 +54,8 @@ class FakeModelScript:
         if self.mode == "extra_keys":
             return {"summary": summary, "pinnedDecisions": [], "lastCompactedAt": "2020-01-01T00:00:00Z"}
         if self.mode == "long_pins":
-            return {"summary": summary, "pinnedDecisions": [f"decision {self.calls} {i}" for i in range(3)]}
-        return {"summary": summary, "pinnedDecisions": [f"decision {self.calls}"]}
+            return {"summary": summary, "pinnedDecisions": [f"we decided on ticket {self.calls} {i}" for i in range(3)]}
+        return {"summary": summary, "pinnedDecisions": [f"we decided on ticket {self.calls}"]}
 
 
 def make_machine(services, script: FakeModelScript):
@@ -85,7 +85,8 @@ def make_machine(services, script: FakeModelScript):
             self.next_turn += 1
             user = {"plain": f"hello there friend {n}", "ticket": f"ticket INC-{4000 + n} in eu-west-{n % 3 + 1}",
                     "long": "a fairly long message about nothing in particular " * 6}[text_kind]
-            result = commit_turn(self.store, self.tid, n, user=user, assistant=f"reply number {n}")
+            result = commit_turn(self.store, self.tid, n, user=user,
+                                 assistant=f"reply number {n}, " + "with a few more words to say about it " * 4)
             assert result.appended
             self.expected += [f"u{n}", f"a{n}"]
             self.committed += [f"u{n}", f"a{n}"]
@@ -119,11 +120,14 @@ def make_machine(services, script: FakeModelScript):
             script.mode = mode
             try:
                 result = produce(services, prepared)
+            except NoGain:
+                SEEN["no gain"] += 1
+                return  # folding would free too little: nothing is written
             except (LLMError, InvalidCompactionOutput):
-                assert mode in {"rate_limited", "over_limit", "extra_keys"}
+                assert mode in {"rate_limited", "extra_keys"}
                 SEEN["failed"] += 1
                 return  # a failure writes nothing
-            assert mode in {"ok", "long_pins"}
+            assert mode in {"ok", "long_pins", "over_limit"}  # an answer over a limit: folded without it
             self._commit(prepared, result)
 
         @precondition(lambda self: self.finished)
@@ -181,6 +185,8 @@ def make_machine(services, script: FakeModelScript):
             assert len(state.summary) <= LIMITS.summary_max_chars
             assert len(state.pins) <= LIMITS.pinned_max
             assert all(len(p.text) <= LIMITS.pinned_max_chars for p in state.pins)
+            assert len(state.notes) <= LIMITS.notes_max
+            assert all(len(n) <= LIMITS.note_max_chars for n in state.notes)
 
     return CompactionMachine
 

@@ -10,18 +10,17 @@ release phase).  Each bad configuration must give exactly one stderr line,
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-import requests
 
 from app.settings import ConfigError, Settings, mask_url
 from app.startup import celery_command
 from tests.fixtures.own_redis import silent_redis_url  # noqa: F401  (fixture)
+from tests.servers import free_port, port_open, stop, wait_http
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -29,7 +28,7 @@ SECRET = "s" * 40
 PASSWORD = "hunter2-Pa55"  # must never appear in any output
 HINT = "(python -c 'import secrets; print(secrets.token_hex(32))')"
 OWN_PREFIXES = ("REDIS", "OPENAI", "SECRET_KEY", "FLOWER", "APP_ENV", "CHAT_MODEL", "COMPACTION_", "MEMORY_",
-                "PORT", "WEB_", "PROMETHEUS", "METRICS", "BUNDLED", "TOOLS", "REMAP")
+                "PORT", "WEB_", "PROMETHEUS", "METRICS", "BUNDLED", "TOOLS", "REMAP", "CELERY_BROKER")
 
 
 def clean_env(**values: str) -> dict[str, str]:
@@ -59,12 +58,6 @@ def assert_config_error(result: subprocess.CompletedProcess, line: str) -> None:
     """Exit status 3 and stderr exactly ``config error: <line>`` (one line, no traceback, no password)."""
     assert (result.returncode, result.stderr) == (3, f"config error: {line}\n")
     assert PASSWORD not in result.stdout + result.stderr
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 # ------------------------------------------------------------------------------------------ units
@@ -108,6 +101,54 @@ def test_settings_messages_name_the_variable_and_mask_the_password():
                             "REDIS_TLS_URL": "rediss://:pw@tls-cache:6380", "SECRET_KEY": SECRET,
                             "OPENAI_BASE_URL": "http://vllm.internal:8000/v1"})
     assert (ok.redis_url, ok.openai_api_key, ok.production) == ("rediss://:pw@tls-cache:6380", None, True)
+
+
+@pytest.mark.parametrize("name, value, line", [
+    ("APP_ENV", "Staging", "APP_ENV must be development, production or test, got 'staging'"),
+    ("MODEL_CONTEXT_TOKENS", "100", "MODEL_CONTEXT_TOKENS must be at least 256, got 100"),
+    ("MODEL_CONTEXT_TOKENS", "8k", "MODEL_CONTEXT_TOKENS must be an integer, got '8k'"),
+    ("RESERVED_OUTPUT_TOKENS", "8192", "RESERVED_OUTPUT_TOKENS must be smaller than MODEL_CONTEXT_TOKENS"),
+    ("MEMORY_RECENT_TURNS", "0", "MEMORY_RECENT_TURNS must be at least 1, got 0"),
+    ("MEMORY_SUMMARY_MAX_CHARS", "many", "MEMORY_SUMMARY_MAX_CHARS must be an integer, got 'many'"),
+    ("DELIVERY_FINAL_MAX_CHARS", "199", "DELIVERY_FINAL_MAX_CHARS must be at least 200, got 199"),
+    ("LLM_READ_TIMEOUT_SECONDS", "-1", "LLM_READ_TIMEOUT_SECONDS must be positive, got '-1'"),
+    ("LLM_READ_TIMEOUT_SECONDS", "soon", "LLM_READ_TIMEOUT_SECONDS must be a number, got 'soon'"),
+    ("COMPACTION_STRATEGY", "magic", "COMPACTION_STRATEGY must be llm or extractive, got 'magic'"),
+    ("TOOLS_ENABLED", "maybe", "TOOLS_ENABLED must be true or false (1/0, yes/no, on/off), got 'maybe'"),
+    ("ALLOWED_ORIGINS", "https://ok.example, ftp://files.example",
+     "ALLOWED_ORIGINS is not a valid URL ('ftp://files.example'): set ALLOWED_ORIGINS to a URL starting with "
+     "http:// or https:// that names a host"),
+])
+def test_each_malformed_variable_gets_its_one_line(name, value, line):
+    with pytest.raises(ConfigError) as error:
+        Settings.from_env({"SECRET_KEY": SECRET, name: value})
+    assert str(error.value) == line
+
+
+def test_settings_read_the_environment_once_with_one_default_per_field():
+    assert Settings.from_env({"SECRET_KEY": SECRET}) == Settings(secret_key=SECRET)  # the same defaults
+    read = Settings.from_env({"SECRET_KEY": f"  {SECRET} ", "CHAT_MODEL": "m-chat", "MEMORY_RECENT_TURNS": "2",
+                              "MEMORY_PINNED_MAX": " 5 ", "ALLOWED_ORIGINS": "https://a.example/, ,http://b:8080",
+                              "TOOLS_ENABLED": "off", "BUNDLED_MODEL": "1", "APP_ENV": " Test ", "OPENAI_API_KEY": ""})
+    assert (read.env, read.secret_key, read.chat_model, read.compaction_model) == ("test", SECRET, "m-chat", "m-chat")
+    assert (read.limits.recent_turns, read.limits.pinned_max, read.limits.summary_max_chars) == (2, 5, 2500)
+    assert read.allowed_origins == ("https://a.example", "http://b:8080")
+    assert (read.tools_enabled, read.bundled_model, read.openai_api_key) == (False, True, None)
+    assert Settings.from_env({"SECRET_KEY": SECRET, "CHAT_MODEL": "a", "COMPACTION_MODEL": "b"}).compaction_model == "b"
+
+
+def test_keyword_settings_read_no_environment_and_are_validated(monkeypatch):
+    monkeypatch.setenv("CHAT_MODEL", "from-the-environment")
+    monkeypatch.setenv("APP_ENV", "production")
+    assert (Settings().chat_model, Settings().env) == ("gpt-4o-mini", "development")
+    base = Settings(secret_key=SECRET, chat_model="fake-chat")
+    assert base.with_overrides(port=8000).port == 8000 and base.with_overrides(port=8000).chat_model == "fake-chat"
+    assert hash(base) == hash(base.with_overrides()) and base == base.with_overrides()
+    for bad in ({"port": 0}, {"no_such_field": 1}, {"redis_url": f"http://:{PASSWORD}@cache"}):
+        with pytest.raises(ValueError) as error:
+            base.with_overrides(**bad)
+        assert PASSWORD not in str(error.value)
+    assert PASSWORD not in repr(Settings(redis_url=f"redis://:{PASSWORD}@cache:6379/0", secret_key=PASSWORD * 3))
 
 
 # ------------------------------------------------------------------------------------------ the web (wsgi.py)
@@ -182,7 +223,7 @@ def test_web_in_production_with_a_wrong_store_password(tmp_path):
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 10
-        while socket.socket().connect_ex(("127.0.0.1", port)) != 0:
+        while not port_open(port):
             assert time.monotonic() < deadline, "valkey-server did not start"
             time.sleep(0.05)
         wrong = import_wsgi(production(f"redis://:{PASSWORD}@127.0.0.1:{port}/0"))
@@ -260,28 +301,6 @@ def test_flower_refuses_to_start_outside_development_without_basic_auth(redis_ur
 def test_flower_with_a_malformed_basic_auth(redis_url):
     result = run(celery("flower"), production(redis_url, FLOWER_BASIC_AUTH="justaname"))
     assert_config_error(result, "FLOWER_BASIC_AUTH must look like user:password")
-
-
-def wait_http(url: str, proc: subprocess.Popen, timeout: float = 30.0, **kwargs) -> requests.Response:
-    """GET ``url`` until it answers (any status); fails if ``proc`` exits first."""
-    deadline = time.monotonic() + timeout
-    while True:
-        assert proc.poll() is None, f"process exited with {proc.returncode}"
-        try:
-            return requests.get(url, timeout=2, **kwargs)
-        except requests.ConnectionError:
-            assert time.monotonic() < deadline, f"no answer from {url}"
-            time.sleep(0.2)
-
-
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
 
 
 def test_flower_in_development_starts_without_basic_auth(redis_url, tmp_path):

@@ -44,7 +44,7 @@ def test_store_down_degrades_then_recovers_without_a_restart(own_redis, make_liv
     health = requests.get(live.url + "/healthz", timeout=10)
     assert health.status_code == 503
     assert health.json()["status"] == "degraded"
-    assert health.json() == {"status": "degraded", "store": "down"}
+    assert health.json() == {"status": "degraded", "store": "down", "model": "up"}
     assert_no_exception_text(health.text)
 
     # A turn on the open socket still completes; it is simply not stored.

@@ -2,13 +2,15 @@
 
 The launcher starts the development Procfile's processes as real subprocesses:
 the embedded Valkey store (data in a temporary folder), the bundled
-Qwen2.5-Coder-0.5B-Instruct behind llama-cpp-python's OpenAI-compatible server,
-gunicorn, a Celery worker and Flower, each on a free port.  Through the
+Qwen2.5-Coder-0.5B-Instruct behind two llama-cpp-python OpenAI-compatible servers
+(one for chat, one for compaction), gunicorn, a Celery worker and Flower, each on a
+free port.  Both model servers must pass their one-token start check with the CPU
+backend variant this machine's checks expect (``scripts/local_model.py``).  Through the
 websocket, two short turns get real tokens from the real model; with
 ``MEMORY_RECENT_TURNS=1`` the second one passes the compaction threshold, so the
-worker folds the first turn with the same model into a summary that
-``GET /api/chat/thread`` shows, the open socket hears ``memory`` ``succeeded``,
-and Flower's API lists the ``workers.compaction.compact_thread`` task.  Then
+worker folds the first turn with the same model, on the compaction server only,
+into a summary that ``GET /api/chat/thread`` shows, the open socket hears ``memory`` ``succeeded``,
+and Flower's API lists the ``workers.compact_thread`` task.  Then
 Ctrl+C (SIGINT to the launcher's process group, as a terminal sends it) must
 stop every process the launcher started.
 
@@ -20,8 +22,8 @@ first; ``scripts/dev.py`` fetches it otherwise).
 from __future__ import annotations
 
 import os
+import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -32,31 +34,21 @@ import requests
 
 from tests.fixtures.live_app import ChatClient, answer_text
 from tests.polling import wait_until
+from tests.servers import free_ports, port_open
 
 ROOT = Path(__file__).resolve().parent.parent
+from scripts import local_model  # noqa: E402
+
 MODEL_NAME = "qwen2.5-coder-0.5b-instruct"
-TASK = "workers.compaction.compact_thread"
-FIRST = "What is the capital of France? Answer in one short sentence."
+TASK = "workers.compact_thread"
+# The first turn is long enough that folding it leaves room for the model's gist under the gain rule (README: A
+# compaction): its small talk carries no fact, so the record keeps only the question and the answer's sentence.
+FIRST = ("I am planning a relaxed weekend away with a few friends and we keep going back and forth about where to go, "
+         "what to see and how much walking we can manage, so a simple starting point from you would help before we "
+         "settle anything else. the weather has been grey here for weeks, the trains were late again this morning "
+         "and the office kettle finally broke, so it has been that kind of week. What is the capital of France? "
+         "Answer in one short sentence.")
 SECOND = "Name one colour of the French flag, in one word."
-
-
-def free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            sock = socket.socket()
-            sock.bind(("127.0.0.1", 0))
-            socks.append(sock)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for sock in socks:
-            sock.close()
-
-
-def port_open(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.settimeout(0.5)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 def descendants(root: int) -> set[int]:
@@ -81,6 +73,16 @@ def descendants(root: int) -> set[int]:
     return found
 
 
+def requests_by_process(log: str, path: str) -> dict[str, int]:
+    """How many ``POST <path>`` each honcho process logged (uvicorn's access lines), by process name."""
+    counts: dict[str, int] = {}
+    for line in log.splitlines():
+        match = re.match(r"^\S+ (\S+)\s*\| (.*)$", line)  # "18:08:07 model            | INFO: ..."
+        if match and f'"POST {path} HTTP/1.1" 200' in match.group(2):
+            counts[match.group(1)] = counts.get(match.group(1), 0) + 1
+    return counts
+
+
 def alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -95,13 +97,15 @@ def alive(pid: int) -> bool:
 @pytest.fixture
 def dev_system(tmp_path):
     """``python scripts/dev.py`` running on free ports; yields ``(launcher, env, log path)``; stopped after."""
-    web, flower, store, model = free_ports(4)
+    web, flower, store, model, compaction = free_ports(5)
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("REDIS", "OPENAI", "CHAT_MODEL", "COMPACTION_", "MEMORY_", "FLOWER", "SECRET_KEY",
-                                "BUNDLED", "TOOLS", "PROMETHEUS", "RESERVED", "MODEL_CONTEXT", "APP_ENV", "DEV_"))}
+                                "BUNDLED", "TOOLS", "PROMETHEUS", "RESERVED", "MODEL_CONTEXT", "APP_ENV", "DEV_",
+                                "LOCAL_MODEL"))}
     env.update({
         "APP_ENV": "development", "PORT": str(web), "FLOWER_PORT": str(flower), "DEV_STORE_PORT": str(store),
-        "LOCAL_MODEL_PORT": str(model), "DEV_STORE_DIR": str(tmp_path / "store"), "WEB_THREADS": "8",
+        "LOCAL_MODEL_PORT": str(model), "LOCAL_COMPACTION_MODEL_PORT": str(compaction),
+        "DEV_STORE_DIR": str(tmp_path / "store"), "WEB_THREADS": "8",
         "SECRET_KEY": "e2e-" + "k" * 60,
         "MEMORY_RECENT_TURNS": "1",           # the second turn passes the compaction threshold
         "RESERVED_OUTPUT_TOKENS": "64",       # short answers
@@ -145,6 +149,12 @@ def test_dev_system_chats_with_the_local_model_compacts_and_stops_on_ctrl_c(dev_
 
     wait_until(healthy, 300, "/healthz")
     wait_until(lambda: f"open {web}/" in log_path.read_text(), 10, "the address to open")
+    assert requests.get(web + "/healthz", timeout=10).json() == {"status": "ok", "store": "up", "model": "up"}
+    # Both servers passed the one-token check with the CPU backend this machine may run (the portable build).
+    expected = local_model.prepare_backends().expected
+    ready = re.findall(r"ready at http://127\.0\.0\.1:(\d+)/v1 for (\w+) \(CPU backend (\w+);", log_path.read_text())
+    assert sorted(ready) == sorted([(str(env["LOCAL_MODEL_PORT"]), "chat", expected),
+                                    (str(env["LOCAL_COMPACTION_MODEL_PORT"]), "compaction", expected)])
     page = requests.get(web + "/", timeout=10)
     assert page.status_code == 200 and MODEL_NAME in page.text and "bundled local model" in page.text
 
@@ -159,7 +169,8 @@ def test_dev_system_chats_with_the_local_model_compacts_and_stops_on_ctrl_c(dev_
             assert done["messageId"] == start["messageId"]
             answer = answer_text(frames)
             assert answer.strip() != "", frames  # real tokens from the real model
-            assert len([f for f in frames if f["type"] == "delta"]) >= 2  # streamed, not one block
+            if n == 1:  # a sentence streams in pieces (the second answer may be one word: one token)
+                assert len([f for f in frames if f["type"] == "delta"]) >= 2
             answers.append(answer.strip())
         assert "paris" in answers[0].lower()
 
@@ -187,13 +198,20 @@ def test_dev_system_chats_with_the_local_model_compacts_and_stops_on_ctrl_c(dev_
     assert listed[0]["result"] == "'applied'"
     print(f"\ne2e: up, two turns and a compaction in {time.monotonic() - started:.1f} s")
 
+    # Chat turns went to the chat server, the compaction to its own server (uvicorn access lines).
+    log = log_path.read_text(errors="replace")
+    assert requests_by_process(log, "/v1/chat/completions").get("model") == 2  # the two turns
+    assert requests_by_process(log, "/v1/chat/completions").get("compaction-model", 0) >= 1
+    assert requests_by_process(log, "/v1/completions") == {"model": 1, "compaction-model": 1}  # start checks
+
     # Ctrl+C: SIGINT to the launcher's process group, as a terminal does.
     children = descendants(launcher.pid)
-    assert len(children) >= 6  # store, model (+ its server), web (+ worker), worker, flower
+    assert len(children) >= 8  # store, 2 x model (+ its server), web (+ worker), worker, flower
     os.killpg(launcher.pid, signal.SIGINT)
     launcher.wait(60)
     wait_until(lambda: not any(alive(pid) for pid in children), 15, "every child to exit")
     assert [pid for pid in children if alive(pid)] == []
-    ports = [int(env[k]) for k in ("PORT", "FLOWER_PORT", "DEV_STORE_PORT", "LOCAL_MODEL_PORT")]
+    ports = [int(env[k]) for k in ("PORT", "FLOWER_PORT", "DEV_STORE_PORT", "LOCAL_MODEL_PORT",
+                                   "LOCAL_COMPACTION_MODEL_PORT")]
     assert [p for p in ports if port_open(p)] == []
     assert "store: valkey on redis://127.0.0.1:" in log_path.read_text()

@@ -13,7 +13,7 @@ from app.memory.final_turn import FinalTurn
 from app.memory.hydration import find_forbidden_key
 from app.memory.state import Pin
 from app.store.keys import ThreadKeys
-from app.web.routes import guarded_json
+from app.web.responses import guarded_json
 from tests.fixtures.memory_data import CREATED, state, write_raw_state
 
 THREAD_RE = re.compile(r"^chat:[a-f0-9]{64}$")
@@ -65,8 +65,9 @@ def test_summary_preview_is_the_first_240_characters_and_pins_are_texts(client, 
                                                     last_compacted_at=CREATED))
     body = hydrate(client)
     assert body["summaryPreview"] == "S" * 240
+    assert body["summary"] == summary  # the whole record, for the page's "Earlier in this conversation"
     assert body["pinnedDecisions"] == ["use tabs", "ship Friday"]
-    assert set(body) == {"threadId", "messages", "summaryPreview", "pinnedDecisions", "restored"}
+    assert set(body) == {"threadId", "messages", "summaryPreview", "summary", "pinnedDecisions", "restored"}
 
 
 def test_thread_holding_only_pins_is_restored(client, store):
@@ -92,7 +93,7 @@ def test_compaction_running_during_delete_cannot_bring_anything_back(client, sto
     seen = store.load(thread_id)
     assert client.delete("/api/chat/thread").status_code == 204
     result = store.apply_compaction(thread_id, expected_gen=seen.gen, folded_ids=[m.id for m in seen.messages[:4]],
-                                    summary="resurrected", pins=[Pin("resurrected")], compacted_at=CREATED)
+                                    summary="resurrected", notes=["resurrected"], compacted_at=CREATED)
     assert result.outcome == "stale"
     assert hydrate(client)["restored"] is False
 
@@ -174,10 +175,15 @@ def test_no_response_of_the_api_carries_a_forbidden_key(client, store):
 
 # -- health ------------------------------------------------------------------------------------------------
 
-def test_healthz_is_ok_when_the_store_answers(client):
-    response = client.get("/healthz")
-    assert response.status_code == 200
-    assert response.get_json()["status"] == "ok"
+def test_healthz_is_ok_when_the_store_and_the_model_answer(settings, fake_llm):
+    response = create_app(settings.with_overrides(openai_base_url=fake_llm.url)).test_client().get("/healthz")
+    assert (response.status_code, response.get_json()) == (200, {"status": "ok", "store": "up", "model": "up"})
+
+
+def test_healthz_is_degraded_when_the_model_endpoint_is_down(client):
+    response = client.get("/healthz")  # the test settings' model endpoint, 127.0.0.1:9, refuses connections
+    assert (response.status_code, response.get_json()) == (503, {"status": "degraded", "store": "up",
+                                                                 "model": "down"})
 
 
 def test_unsupported_method_is_a_json_405(client):

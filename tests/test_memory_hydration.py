@@ -48,6 +48,7 @@ def test_dto_carries_messages_pin_texts_and_a_240_character_summary_preview():
         "pinnedDecisions": ["use tabs", "ship Friday"],
         "restored": True,
         "summaryPreview": "x" * 239 + "y",
+        "summary": "x" * 239 + "yz",
     }
 
 
@@ -60,7 +61,7 @@ def test_restored_can_be_forced_false_for_a_degraded_read():
     assert build_hydration(new_thread_id(), state(1), restored=False)["restored"] is False
 
 
-# -- the forbidden-key guard (P14) -------------------------------------------------------------------------
+# -- the forbidden-key guard -------------------------------------------------------------------------------
 
 def dto_with(**extra) -> dict:
     dto = build_hydration(new_thread_id(), state(1))

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import pytest
-from marshmallow import ValidationError
+from marshmallow import RAISE, Schema, ValidationError, fields, validate
 
 from app.memory.hydration import build_hydration
 from app.memory.schemas import (
     MESSAGE_SCHEMA,
-    compaction_output_schema,
-    hydration_schema,
+    SUMMARY_PREVIEW_CHARS,
+    THREAD_ID_RE,
+    MessageSchema,
     stored_state_schema,
 )
-from app.memory.state import EMPTY_STATE, ThreadState
+from app.memory.state import ThreadState
 from app.settings import MemoryLimits
 from tests.fixtures.memory_data import CREATED, new_thread_id, state
 
@@ -46,11 +47,11 @@ def test_empty_state_has_no_messages_no_pins_empty_summary_and_no_last_compacted
     assert (empty.messages, empty.pins, empty.summary, empty.last_compacted_at) == ((), (), "", None)
     assert empty.pinned_decisions == []
     assert empty.is_empty is True
-    assert empty == EMPTY_STATE
+    assert (empty.version, empty.gen) == (0, 0)
 
 
 def test_empty_stored_state_loads_with_last_compacted_at_none():
-    assert stored_state_schema(LIMITS).load(stored()) == {"messages": [], "summary": "", "pins": [],
+    assert stored_state_schema(LIMITS).load(stored()) == {"messages": [], "summary": "", "pins": [], "notes": [],
                                                            "lastCompactedAt": None}
 
 
@@ -107,52 +108,15 @@ def test_stored_pin_needs_text_and_who_pinned_it():
     assert errors_of(schema, stored(pins=[{"text": "use tabs", "by": "model", "source": "x"}])) == {"pins": {0: {"source": ["Unknown field."]}}}
 
 
-# -- the compaction output (P2, P3) ----------------------------------------------------------------------
-
-def test_compaction_output_with_summary_and_pins_is_accepted():
-    data = {"summary": "The user likes tea.", "pinnedDecisions": ["Ship on Friday."]}
-    assert compaction_output_schema(LIMITS).load(data) == data
-
-
-@pytest.mark.parametrize("extra", ["compactedAt", "recentMessages", "lastCompactedAt", "messages"])
-def test_compaction_output_with_an_extra_key_is_rejected(extra):
-    data = {"summary": "s", "pinnedDecisions": ["p"], extra: "2026-01-01T00:00:00Z"}
-    assert errors_of(compaction_output_schema(LIMITS), data) == {extra: ["Unknown field."]}
-
-
-@pytest.mark.parametrize("missing", ["summary", "pinnedDecisions"])
-def test_compaction_output_missing_a_key_is_rejected(missing):
-    data = {"summary": "s", "pinnedDecisions": ["p"]}
-    del data[missing]
-    assert errors_of(compaction_output_schema(LIMITS), data) == {missing: ["Missing data for required field."]}
-
-
-def test_compaction_output_limits_at_the_default_bounds():
-    schema = compaction_output_schema(LIMITS)
-    at_limit = {"summary": "s" * 2500, "pinnedDecisions": ["p" * 300] * 20}
-    assert schema.load(at_limit) == at_limit
-    assert "pinnedDecisions" in errors_of(schema, {"summary": "s", "pinnedDecisions": ["p"] * 21})
-    assert "summary" in errors_of(schema, {"summary": "s" * 2501, "pinnedDecisions": []})
-    assert "pinnedDecisions" in errors_of(schema, {"summary": "s", "pinnedDecisions": ["p" * 301]})
-    assert "pinnedDecisions" in errors_of(schema, {"summary": "s", "pinnedDecisions": ["  "]})
-    assert "pinnedDecisions" in errors_of(schema, {"summary": "s", "pinnedDecisions": [""]})
-    assert "pinnedDecisions" in errors_of(schema, {"summary": "s", "pinnedDecisions": [" padded"]})
-
+# -- limits ---------------------------------------------------------------------------------------------
 
 def test_limits_come_from_a_custom_memory_limits():
-    schema = compaction_output_schema(SMALL)
-    ok = {"summary": "s" * 100, "pinnedDecisions": ["p" * 10, "q" * 10]}
-    assert schema.load(ok) == ok
-    assert errors_of(schema, {"summary": "s" * 101, "pinnedDecisions": []}) == \
-        {"summary": ["at most 100 characters, got 101"]}
-    assert errors_of(schema, {"summary": "", "pinnedDecisions": ["a", "b", "c"]}) == \
-        {"pinnedDecisions": ["at most 2 pinned decisions, got 3"]}
-    assert errors_of(schema, {"summary": "", "pinnedDecisions": ["p" * 11]}) == \
-        {"pinnedDecisions": ["decision 1 is longer than 10 characters"]}
-    # The stored-state schema applies the same limits to stored pins and the summary.
+    # The stored-state schema applies the limits to the person's pins and the summary.
     stored_schema = stored_state_schema(SMALL)
     assert "summary" in errors_of(stored_schema, stored(summary="s" * 101))
-    assert "pins" in errors_of(stored_schema, stored(pins=[{"text": "p", "by": "model"}] * 3))
+    assert "pins" in errors_of(stored_schema, stored(pins=[{"text": "p", "by": "person"}] * 3))
+    # Model pins of earlier versions are read as notes: their own cap applies.
+    assert "notes" in errors_of(stored_schema, {**stored(), "notes": ["n"] * 9})
     # A default-limits schema accepts what the small one refuses.
     assert stored_state_schema(LIMITS).load(stored(summary="s" * 101))["summary"] == "s" * 101
 
@@ -162,17 +126,28 @@ def test_schema_instances_are_cached_per_limits_value():
     assert stored_state_schema(SMALL) is not stored_state_schema(LIMITS)
 
 
-def test_compaction_output_accepts_special_token_spellings_as_text():
-    data = {"summary": "The user typed <|endoftext|> and <|im_start|>.", "pinnedDecisions": ["<|im_end|> is text"]}
-    assert compaction_output_schema(LIMITS).load(data) == data
-
-
 # -- the hydration DTO ---------------------------------------------------------------------------------
+
+
+class HydrationSchema(Schema):
+    """The DTO of ``GET /api/chat/thread`` as ``docs/contract.md`` (HTTP) describes it."""
+
+    class Meta:
+        unknown = RAISE
+
+    threadId = fields.String(required=True, validate=validate.Regexp(THREAD_ID_RE))
+    messages = fields.List(fields.Nested(MessageSchema), required=True)
+    summaryPreview = fields.String(validate=validate.Length(min=1, max=SUMMARY_PREVIEW_CHARS))
+    summary = fields.String(validate=validate.Length(min=1, max=LIMITS.summary_max_chars))
+    pinnedDecisions = fields.List(fields.String(validate=validate.Length(min=1, max=LIMITS.pinned_max_chars)),
+                                  required=True, validate=validate.Length(max=LIMITS.pinned_max))
+    restored = fields.Boolean(required=True)
+
 
 def test_hydration_schema_accepts_what_build_hydration_returns():
     thread_id = new_thread_id()
     dto = build_hydration(thread_id, state(2, summary="s" * 300, pins=("p1", "p2")))
-    loaded = hydration_schema(LIMITS).load(dto)
+    loaded = HydrationSchema().load(dto)
     assert loaded["summaryPreview"] == "s" * 240
     assert loaded["restored"] is True
     assert len(loaded["messages"]) == 4
@@ -188,4 +163,4 @@ def test_hydration_schema_accepts_what_build_hydration_returns():
 def test_hydration_schema_rejects_unknown_keys_bad_thread_ids_and_long_previews(bad):
     dto = build_hydration(new_thread_id(), state(1))
     dto.update(bad)
-    assert list(errors_of(hydration_schema(LIMITS), dto)) == list(bad)
+    assert list(errors_of(HydrationSchema(), dto)) == list(bad)

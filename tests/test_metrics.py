@@ -13,7 +13,6 @@ import glob
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -34,6 +33,7 @@ from app.store.keys import WORKER_METRICS_KEY
 from tests.fake_llm import Reply
 from tests.fixtures.celery_worker import history, seed_turns, wait_until
 from tests.fixtures.live_app import ChatClient, LiveServer
+from tests.servers import free_port, stop
 
 ROOT = Path(__file__).resolve().parents[1]
 FAMILIES = {
@@ -59,12 +59,23 @@ class Scrape:
         return self.samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
+def checked_scrape(status: int, headers, text: str) -> Scrape:
+    """A ``/metrics`` answer: 200, Prometheus text, no cookie."""
+    assert status == 200, text
+    assert headers["Content-Type"].startswith("text/plain")
+    assert "Set-Cookie" not in headers
+    return Scrape(text)
+
+
 def scrape(base_url: str, **headers) -> Scrape:
     response = requests.get(base_url + "/metrics", headers=headers, timeout=10)
-    assert response.status_code == 200, response.text
-    assert response.headers["Content-Type"].startswith("text/plain")
-    assert "Set-Cookie" not in response.headers
-    return Scrape(response.text)
+    return checked_scrape(response.status_code, response.headers, response.text)
+
+
+def scrape_test_client(web, **headers) -> Scrape:
+    """``scrape`` through Flask's test client."""
+    response = web.get("/metrics", headers=headers)
+    return checked_scrape(response.status_code, response.headers, response.get_data(as_text=True))
 
 
 def post(client: ChatClient, path: str, body: dict):
@@ -144,13 +155,13 @@ def test_compactions_run_by_a_real_worker_are_counted_through_redis(make_compact
                           model="fake-compact", times=1)
         rig.worker()
         applied_thread = "chat:" + "a" * 64
-        rig.request(applied_thread, seed_turns(rig.store, applied_thread, 2))
+        rig.request(applied_thread, seed_turns(rig.store, applied_thread, 3))  # two turns to fold: room for a gist
         rig.wait_outcome(applied_thread, "applied")
         rig.wait_idle(applied_thread)
 
         fake_llm.add_rule(Reply(status=400, error_message="no"), model="fake-compact")
         failed_thread = "chat:" + "b" * 64
-        rig.request(failed_thread, seed_turns(rig.store, failed_thread, 2))
+        rig.request(failed_thread, seed_turns(rig.store, failed_thread, 3))
         [failed] = rig.wait_outcome(failed_thread, "failed")
         rig.wait_idle(failed_thread)
 
@@ -198,10 +209,7 @@ def test_store_errors_are_counted_and_metrics_still_answer(make_live_app, app_se
 
 
 def test_worker_store_errors_reach_redis_even_after_an_outage(live_app, redis_client):
-    dead = socket.socket()
-    dead.bind(("127.0.0.1", 0))
-    dead_port = dead.getsockname()[1]
-    dead.close()
+    dead_port = free_port()
     try:
         metrics.use_worker_sink(redis.Redis(port=dead_port, socket_connect_timeout=0.2, socket_timeout=0.2,
                                             retry=Retry(NoBackoff(), 0)))
@@ -231,32 +239,24 @@ def test_a_celery_worker_process_sends_its_store_errors_to_redis(live_app, redis
         metrics.use_worker_sink(None)
 
 
-def test_metrics_need_the_token_in_production(make_live_app, app_settings):
-    closed = make_live_app(app_settings.with_overrides(env="production"))
-    response = requests.get(closed.url + "/metrics", timeout=10)
-    assert response.status_code == 404 and "chat_turns" not in response.text
+def test_metrics_need_the_token_in_production(make_web_client, app_settings):
+    closed = make_web_client(app_settings.with_overrides(env="production"))
+    response = closed.get("/metrics")
+    assert response.status_code == 404 and "chat_turns" not in response.get_data(as_text=True)
 
-    guarded = make_live_app(app_settings.with_overrides(env="production", metrics_token="m-token-0123456789"))
+    guarded = make_web_client(app_settings.with_overrides(env="production", metrics_token="m-token-0123456789"))
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic m-token-0123456789"}):
-        response = requests.get(guarded.url + "/metrics", headers=headers, timeout=10)
-        assert response.status_code == 401 and "chat_turns" not in response.text
+        response = guarded.get("/metrics", headers=headers)
+        assert response.status_code == 401 and "chat_turns" not in response.get_data(as_text=True)
         assert response.headers["WWW-Authenticate"] == 'Bearer realm="metrics"'
-    result = scrape(guarded.url, Authorization="Bearer m-token-0123456789")
+    result = scrape_test_client(guarded, Authorization="Bearer m-token-0123456789")
     assert "chat_turns" in result.families
 
-    open_in_dev = make_live_app(app_settings.with_overrides(env="development"))
-    assert "chat_turns" in scrape(open_in_dev.url).families
+    open_in_dev = make_web_client(app_settings.with_overrides(env="development"))
+    assert "chat_turns" in scrape_test_client(open_in_dev).families
 
 
 # ------------------------------------------------------------------------------- several gunicorn processes
-
-
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def _per_pid(prom_dir: Path, prefix: str, sample: str, **labels) -> dict[int, float]:
@@ -278,7 +278,7 @@ def test_metrics_add_up_across_gunicorn_processes(redis_url, fake_llm, tmp_path)
     stale = MmapedDict(str(prom / "counter_999999.db"))  # left by an earlier run: wiped at start
     stale.write_value(mmap_key("chat_turns", "chat_turns_total", ["status"], ["completed"], "old"), 50.0, 0.0)
     stale.close()
-    port = _free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
     env = dict(os.environ, APP_ENV="test", REDIS_URL=redis_url, SECRET_KEY="g" * 64, OPENAI_API_KEY="test-key",
                OPENAI_BASE_URL=fake_llm.url, CHAT_MODEL="fake-chat", PROMETHEUS_MULTIPROC_DIR=str(prom),
@@ -342,12 +342,7 @@ def test_metrics_add_up_across_gunicorn_processes(redis_url, fake_llm, tmp_path)
                 client.close()
             except Exception:
                 pass
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        stop(proc)
         log_file.close()
 
 

@@ -76,11 +76,11 @@ def test_feedback_list_is_capped(chat, fake_llm, redis_client):
     ({"messageId": "m_x", "rating": "down", "reason": "x" * 501}, 400, "reason_too_long"),
     ({"messageId": "m_0123456789abcdef0123456789abcdef", "rating": "up"}, 404, "unknown_message"),
 ])
-def test_feedback_refusals(chat, body, status, code):
-    response = feedback(chat, **body)
+def test_feedback_refusals(web, body, status, code):
+    response = web.post("/api/chat/feedback", json=body)
     assert response.status_code == status
-    assert response.json()["error"]["code"] == code
-    assert response.json()["error"]["message"]
+    assert response.get_json()["error"]["code"] == code
+    assert response.get_json()["error"]["message"]
 
 
 def test_feedback_only_on_an_assistant_message_of_the_callers_thread(live_app, chat, fake_llm, redis_client):
@@ -111,7 +111,7 @@ def test_feedback_on_a_folded_answer_still_counts(chat, fake_llm, store, redis_c
     thread_id = chat.thread()["threadId"]
     state = store.load(thread_id)
     assert store.apply_compaction(thread_id, expected_gen=state.gen, folded_ids=[m.id for m in state.messages],
-                                  summary="A question was asked.", pins=[],
+                                  summary="A question was asked.", notes=[],
                                   compacted_at="2026-11-30T12:00:00.000Z").outcome == "applied"
     assert feedback(chat, messageId=answer_id, rating="up").status_code == 201
     assert load_feedback(redis_client, thread_id)[0]["turn"]["status"] == "completed"

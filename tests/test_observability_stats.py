@@ -14,7 +14,7 @@ import logging
 import pytest
 import tiktoken
 
-from app.memory.context import PINS_HEADER, SUMMARY_HEADER
+from app.memory.context import PINS_HEADER, SUMMARY_HEADER, format_summary
 from app.memory.hydration import find_forbidden_key
 from app.settings import MemoryLimits
 from app.store.keys import ThreadKeys
@@ -120,7 +120,7 @@ def test_stats_list_the_compaction_history_oldest_first(chat, redis_client):
     older = {"at": 1796040000000, "outcome": "failed", "reason": "timeout", "attempt": 0, "durationMs": 3012,
              "turnsFolded": 2, "tokensBefore": 900}
     newer = {"at": 1796040060000, "outcome": "applied", "reason": "llm", "attempt": 1, "durationMs": 812,
-             "turnsFolded": 2, "tokensBefore": 900, "tokensAfter": 310, "summaryChars": 420, "pinsCount": 3,
+             "turnsFolded": 2, "tokensBefore": 900, "tokensAfter": 310, "summaryChars": 420, "notesCount": 3,
              "factRetention": 0.875, "factRetentionFinal": 1.0, "factsCarried": 1, "factsLost": 0}
     redis_client.lpush(key, json.dumps(older), json.dumps(newer))
     compactions = get(chat, "/api/chat/stats").json()["compactions"]
@@ -128,19 +128,20 @@ def test_stats_list_the_compaction_history_oldest_first(chat, redis_client):
         {"at": "2026-11-30T12:00:00.000Z", "outcome": "failed", "reason": "timeout", "turnsFolded": 2,
          "tokensBefore": 900, "durationMs": 3012},
         {"at": "2026-11-30T12:01:00.000Z", "outcome": "applied", "reason": "llm", "turnsFolded": 2,
-         "tokensBefore": 900, "tokensAfter": 310, "summaryChars": 420, "pinsCount": 3, "factRetention": 0.875,
+         "tokensBefore": 900, "tokensAfter": 310, "summaryChars": 420, "notesCount": 3, "factRetention": 0.875,
          "durationMs": 812},
     ]
 
 
 def test_stats_of_a_real_compaction(make_live_app, app_settings, fake_llm):
-    from app.memory.compaction import memory_tokens
-    from workers.compaction import run_compaction
+    from app.compaction.service import run_compaction
+    from app.memory.compaction import memory_cost, messages_cost
 
     server = make_live_app(app_settings.with_overrides(compaction_strategy="extractive",
                                                        limits=MemoryLimits(recent_turns=1)))
     client = ChatClient(server).connect()
-    fake_llm.default = lambda body: Reply(text=f"Answer about {body['messages'][-1]['content']}.")
+    fake_llm.default = lambda body: Reply(text=f"Answer about {body['messages'][-1]['content']}. "
+                                          + "Here is some more detail about it, with a few more words. " * 4)
     for text in ("We meet Ada Lovelace on 2026-12-01.", "The venue is Hall 7.", "Bring the slides."):
         assert client.turn(text)[-1]["status"] == "completed"
     client.close()
@@ -153,11 +154,15 @@ def test_stats_of_a_real_compaction(make_live_app, app_settings, fake_llm):
     assert entry["outcome"] == "applied" and entry["reason"] == "extractive"
     assert entry["turnsFolded"] == 2
     state = services.store.load(thread_id)
-    assert entry["summaryChars"] == len(state.summary) and entry["pinsCount"] == len(state.pins) == 0
-    assert entry["tokensAfter"] == memory_tokens(state.summary, state.pinned_decisions, state.messages,
-                                                 services.counter)
+    assert entry["summaryChars"] == len(state.summary) and entry["notesCount"] == len(state.notes) == 0
+    assert entry["tokensAfter"] == memory_cost(state.summary, state.notes, state.pinned_decisions, services.counter) \
+        + messages_cost(state.messages, services.counter)
+    assert "Ada Lovelace" in state.summary and "2026-12-01" in state.summary
     assert entry["at"].endswith("Z") and entry["durationMs"] >= 0
     assert 0.0 <= entry["factRetention"] <= 1.0
+    # the page tells checked = kept + let go to fit + only in answers: every figure of that is served
+    kept = round(entry["factRetention"] * entry["factsChecked"])
+    assert entry["factsChecked"] - entry["factsDropped"] - entry["factsSkipped"] == kept
 
 
 # ------------------------------------------------------------------------------------------ inspector
@@ -193,7 +198,7 @@ def test_inspector_says_when_a_message_was_folded_or_not_kept(chat, fake_llm, st
     # fold the two oldest turns, as a compaction would
     state = store.load(thread_id)
     assert store.apply_compaction(thread_id, expected_gen=state.gen, folded_ids=[m.id for m in state.messages[:4]],
-                                  summary="Two questions were asked.", pins=[],
+                                  summary="Two questions were asked.", notes=[],
                                   compacted_at="2026-11-30T12:00:00.000Z").outcome == "applied"
     messages = get(chat, "/api/chat/inspector").json()["messages"]
     assert [(m["origin"], m["text"], m.get("note")) for m in messages[1:]] == [
@@ -207,7 +212,7 @@ def test_inspector_says_when_a_message_was_folded_or_not_kept(chat, fake_llm, st
     fake_llm.default = Reply(status=400)
     assert chat.turn("this fails")[-1]["status"] == "failed"
     messages = get(chat, "/api/chat/inspector").json()["messages"]
-    assert messages[1]["origin"] == "summary" and messages[1]["text"] == SUMMARY_HEADER + "Two questions were asked."
+    assert messages[1]["origin"] == "summary" and messages[1]["text"] == format_summary("Two questions were asked.")
     assert messages[-1] == {"origin": "input", "role": "user", "tokens": messages[-1]["tokens"], "text": None,
                             "note": "Not kept in memory: this turn was not written."}
 
@@ -270,12 +275,11 @@ def test_debug_logs_hold_the_text_with_the_content_flag(make_live_app, app_setti
 
 
 @pytest.mark.parametrize("path", ["/api/chat/stats", "/api/chat/inspector"])
-def test_reads_answer_503_when_the_store_is_down(make_live_app, app_settings, own_redis, path):
-    server = make_live_app(app_settings.with_overrides(redis_url=own_redis.url, redis_socket_timeout=0.5))
-    client = ChatClient(server)
-    client.thread()
+def test_reads_answer_503_when_the_store_is_down(make_web_client, app_settings, own_redis, path):
+    web = make_web_client(app_settings.with_overrides(redis_url=own_redis.url, redis_socket_timeout=0.5))
+    assert web.get("/api/chat/thread").status_code == 200
     own_redis.stop()
-    response = get(client, path)
+    response = web.get(path)
     assert response.status_code == 503
-    assert response.json() == {"error": {"code": "store_unavailable",
-                                         "message": "Memory is unavailable right now; try again shortly."}}
+    assert response.get_json() == {"error": {"code": "store_unavailable",
+                                             "message": "Memory is unavailable right now; try again shortly."}}

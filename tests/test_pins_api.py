@@ -1,7 +1,8 @@
 """Issue 7 item 4: pins by the person (``POST /api/chat/pins``, ``DELETE /api/chat/pins/<n>``).
 
-Real components: the app on loopback, the test Redis, the fake model over HTTP and,
-for the compaction test, a real Celery worker consuming the real Redis broker.
+Real components: the test Redis; Flask's test client for plain HTTP; the app on
+loopback and the fake model over HTTP where a turn runs and, for the compaction
+test, a real Celery worker consuming the real Redis broker.
 """
 
 from __future__ import annotations
@@ -27,6 +28,19 @@ def pin(client: ChatClient, **body):
 
 def unpin(client: ChatClient, n):
     return client.http.delete(f"{client.server.url}/api/chat/pins/{n}", timeout=10)
+
+
+def post_pin(web, **body):
+    """``POST /api/chat/pins`` through Flask's test client."""
+    return web.post("/api/chat/pins", json=body)
+
+
+def delete_pin(web, n):
+    return web.delete(f"/api/chat/pins/{n}")
+
+
+def hydrated(web) -> dict:
+    return web.get("/api/chat/thread").get_json()
 
 
 def pins_message(messages: list[dict]) -> str | None:
@@ -81,33 +95,30 @@ def test_pin_a_stored_message_cut_at_a_word_boundary(chat, fake_llm, store):
     ({"messageId": "m_0123456789abcdef"}, 404, "unknown_message",
      "That message is no longer in memory, so it can't be pinned."),
 ])
-def test_pin_refusals_say_what_is_wrong(chat, body, status, code, message):
-    response = pin(chat, **body)
+def test_pin_refusals_say_what_is_wrong(web, body, status, code, message):
+    response = post_pin(web, **body)
     assert response.status_code == status
-    assert response.json() == {"error": {"code": code, "message": message}}
-    assert chat.thread()["pinnedDecisions"] == []
+    assert response.get_json() == {"error": {"code": code, "message": message}}
+    assert hydrated(web)["pinnedDecisions"] == []
 
 
-def test_pin_needs_a_json_object(chat):
-    url = chat.server.url + "/api/chat/pins"
-    for response in (chat.http.post(url, data="text=hello", timeout=10),
-                     chat.http.post(url, json=["hello"], timeout=10)):
+def test_pin_needs_a_json_object(web):
+    for response in (web.post("/api/chat/pins", data="text=hello"), web.post("/api/chat/pins", json=["hello"])):
         assert response.status_code == 400
-        assert response.json()["error"]["code"] == "bad_request"
+        assert response.get_json()["error"]["code"] == "bad_request"
 
 
-def test_pin_limit_is_a_clear_409(make_live_app, app_settings):
-    server = make_live_app(app_settings.with_overrides(limits=MemoryLimits(pinned_max=3)))
-    client = ChatClient(server)
+def test_pin_limit_is_a_clear_409(make_web_client, app_settings):
+    web = make_web_client(app_settings.with_overrides(limits=MemoryLimits(pinned_max=3)))
     for i in range(3):
-        assert pin(client, text=f"decision number {i}").status_code == 201
-    response = pin(client, text="one too many")
+        assert post_pin(web, text=f"decision number {i}").status_code == 201
+    response = post_pin(web, text="one too many")
     assert response.status_code == 409
-    assert response.json() == {"error": {"code": "pin_limit",
-                                         "message": "You can pin at most 3 decisions. Unpin one to make room."}}
-    assert client.thread()["pinnedDecisions"] == ["decision number 0", "decision number 1", "decision number 2"]
-    assert unpin(client, 1).status_code == 200
-    assert pin(client, text="one too many").status_code == 201
+    assert response.get_json() == {"error": {"code": "pin_limit",
+                                             "message": "You can pin at most 3 decisions. Unpin one to make room."}}
+    assert hydrated(web)["pinnedDecisions"] == ["decision number 0", "decision number 1", "decision number 2"]
+    assert delete_pin(web, 1).status_code == 200
+    assert post_pin(web, text="one too many").status_code == 201
 
 
 def test_pins_that_would_crowd_out_the_conversation_are_refused(chat):
@@ -130,30 +141,31 @@ def test_pins_that_would_crowd_out_the_conversation_are_refused(chat):
     assert chat.turn("还记得吗？")[-1]["status"] == "completed"
 
 
-def test_duplicates_are_refused_and_a_model_pin_becomes_the_persons(chat, store):
-    thread_id = chat.thread()["threadId"]
+def test_duplicates_are_refused_and_a_model_pin_becomes_the_persons(web, store):
+    thread_id = hydrated(web)["threadId"]
     assert store.set_pins(thread_id, expected_gen=0, pins=[Pin("travel by train", "model")])
-    response = pin(chat, text="Travel by train.")
-    assert response.status_code == 201 and response.json() == {"pinnedDecisions": ["Travel by train."]}
+    response = post_pin(web, text="Travel by train.")
+    assert response.status_code == 201 and response.get_json() == {"pinnedDecisions": ["Travel by train."]}
     assert store.load(thread_id).pins == (Pin("Travel by train.", "person"),)
-    response = pin(chat, text="TRAVEL BY TRAIN")
+    response = post_pin(web, text="TRAVEL BY TRAIN")
     assert response.status_code == 409
-    assert response.json() == {"error": {"code": "already_pinned", "message": "That decision is already pinned."}}
+    assert response.get_json() == {"error": {"code": "already_pinned",
+                                             "message": "That decision is already pinned."}}
 
 
-def test_unpin_by_position(chat):
+def test_unpin_by_position(web):
     for text in ("first", "second", "third"):
-        assert pin(chat, text=text).status_code == 201
-    response = unpin(chat, 2)
-    assert response.status_code == 200 and response.json() == {"pinnedDecisions": ["first", "third"]}
+        assert post_pin(web, text=text).status_code == 201
+    response = delete_pin(web, 2)
+    assert response.status_code == 200 and response.get_json() == {"pinnedDecisions": ["first", "third"]}
     for n in (0, 3, "abc", -1):
-        response = unpin(chat, n)
+        response = delete_pin(web, n)
         assert response.status_code == 404
-        assert response.json() == {"error": {"code": "pin_not_found",
-                                             "message": "There is no such pin (it may have been removed already)."}}
-    assert unpin(chat, 1).json() == {"pinnedDecisions": ["third"]}
-    assert unpin(chat, 1).json() == {"pinnedDecisions": []}
-    assert chat.thread()["pinnedDecisions"] == []
+        assert response.get_json() == {"error": {"code": "pin_not_found",
+                                                 "message": "There is no such pin (it may have been removed already)."}}
+    assert delete_pin(web, 1).get_json() == {"pinnedDecisions": ["third"]}
+    assert delete_pin(web, 1).get_json() == {"pinnedDecisions": []}
+    assert hydrated(web)["pinnedDecisions"] == []
 
 
 def test_concurrent_pins_all_land_through_the_compare_and_set(chat):
@@ -174,39 +186,40 @@ def test_concurrent_pins_all_land_through_the_compare_and_set(chat):
     assert sorted(chat.thread()["pinnedDecisions"]) == texts
 
 
-def test_pins_of_one_session_are_out_of_reach_of_another(live_app, chat):
-    assert pin(chat, text="Alice's private decision").status_code == 201
-    other = ChatClient(live_app)
-    assert unpin(other, 1).status_code == 404
-    response = pin(other, text="Bob's decision")
-    assert response.json() == {"pinnedDecisions": ["Bob's decision"]}
-    assert find_forbidden_key(response.json()) is None
-    assert chat.thread()["pinnedDecisions"] == ["Alice's private decision"]
-    assert other.thread()["pinnedDecisions"] == ["Bob's decision"]
+def test_pins_of_one_session_are_out_of_reach_of_another(web):
+    assert post_pin(web, text="Alice's private decision").status_code == 201
+    other = web.application.test_client()
+    assert delete_pin(other, 1).status_code == 404
+    response = post_pin(other, text="Bob's decision")
+    assert response.get_json() == {"pinnedDecisions": ["Bob's decision"]}
+    assert find_forbidden_key(response.get_json()) is None
+    assert hydrated(web)["pinnedDecisions"] == ["Alice's private decision"]
+    assert hydrated(other)["pinnedDecisions"] == ["Bob's decision"]
 
 
-def test_pins_from_another_site_are_refused(chat):
-    response = chat.http.post(chat.server.url + "/api/chat/pins", json={"text": "x"},
-                              headers={"Origin": "https://evil.example"}, timeout=10)
+def test_pins_from_another_site_are_refused(web):
+    response = web.post("/api/chat/pins", json={"text": "x"}, headers={"Origin": "https://evil.example"})
     assert response.status_code == 403
-    assert response.json()["error"]["code"] == "forbidden"
-    response = chat.http.post(chat.server.url + "/api/chat/pins", json={"text": "same origin"},
-                              headers={"Origin": chat.server.url}, timeout=10)
+    assert response.get_json()["error"]["code"] == "forbidden"
+    response = web.post("/api/chat/pins", json={"text": "same origin"}, headers={"Origin": "http://localhost"})
     assert response.status_code == 201
-    assert chat.thread()["pinnedDecisions"] == ["same origin"]
+    assert hydrated(web)["pinnedDecisions"] == ["same origin"]
 
 
-def test_pins_answer_503_when_the_store_is_down(make_live_app, app_settings, own_redis):
-    server = make_live_app(app_settings.with_overrides(redis_url=own_redis.url, redis_socket_timeout=0.5))
-    client = ChatClient(server)
-    client.thread()
+def test_pins_answer_503_when_the_store_is_down(make_web_client, app_settings, own_redis):
+    web = make_web_client(app_settings.with_overrides(redis_url=own_redis.url, redis_socket_timeout=0.5))
+    hydrated(web)
     own_redis.stop()
-    for response in (pin(client, text="a decision"), unpin(client, 1)):
+    for response in (post_pin(web, text="a decision"), delete_pin(web, 1)):
         assert response.status_code == 503
-        assert response.json()["error"]["code"] == "store_unavailable"
+        assert response.get_json()["error"]["code"] == "store_unavailable"
 
 
 PERSON_PIN = "Use PostgreSQL 16, not MySQL, for the billing service; never drop the audit table."
+
+
+REPLY = ("that is a lovely number indeed, people have liked it for a very long time and it is easy to "
+         "remember when you count things on your fingers with friends, " * 3).strip(", ")
 
 
 def test_a_persons_pin_survives_five_compactions_word_for_word(make_compaction_rig, fake_llm):
@@ -228,7 +241,7 @@ def test_a_persons_pin_survives_five_compactions_word_for_word(make_compaction_r
                 ]})
 
         fake_llm.add_rule(compaction_answer, model="fake-compact")
-        fake_llm.default = lambda body: Reply(text="that is a lovely number indeed")
+        fake_llm.default = lambda body: Reply(text=REPLY)
         thread_id = client.thread()["threadId"]
         assert pin(client, text=PERSON_PIN).json() == {"pinnedDecisions": [PERSON_PIN]}
 
@@ -243,7 +256,8 @@ def test_a_persons_pin_survives_five_compactions_word_for_word(make_compaction_r
             assert not any(p.lower().startswith("use postgresql 16") and p != PERSON_PIN for p in pins)
         state = rig.store.load(thread_id)
         assert state.pins[0] == Pin(PERSON_PIN, "person")
-        assert [m.text for m in state.messages] == [user_text(6), "that is a lovely number indeed"]
+        assert [m.text for m in state.messages] == [user_text(6), REPLY]
+        assert state.notes == ()  # the model's paraphrases are not grounded in the person's words
 
         compactions = client.http.get(server.url + "/api/chat/stats", timeout=10).json()["compactions"]
         applied = [c for c in compactions if c["outcome"] == "applied"]
@@ -260,3 +274,79 @@ def test_a_persons_pin_survives_five_compactions_word_for_word(make_compaction_r
     finally:
         client.close()
         server.stop()
+
+
+# -- the model's notes: promote to a pinned decision, remove; a clear is final --------------------------
+
+def seed_notes(store, thread_id: str, notes: list[str], pins: tuple[str, ...] = ()) -> None:
+    """A stored turn, then ``notes`` (as a compaction would leave them) and the person's ``pins``."""
+    from app.memory.final_turn import FinalTurn
+
+    assert store.commit_final_turn(thread_id, FinalTurn("We move the launch to May 4.", "Noted.", "completed")).appended
+    state = store.load(thread_id)
+    assert store.set_pins_and_notes(thread_id, expected_gen=state.gen, pins=[Pin(p) for p in pins], notes=notes)
+
+
+def test_a_note_is_promoted_to_the_persons_pinned_decision(web, store):
+    thread_id = hydrated(web)["threadId"]
+    seed_notes(store, thread_id, ["Launch moves to May 4.", "Use the staging cluster."], pins=("Budget 9000 EUR",))
+    assert hydrated(web)["modelNotes"] == ["Launch moves to May 4.", "Use the staging cluster."]
+    response = web.post("/api/chat/notes/1/pin")
+    assert response.status_code == 201
+    assert response.get_json() == {"pinnedDecisions": ["Budget 9000 EUR", "Launch moves to May 4."],
+                                   "modelNotes": ["Use the staging cluster."]}
+    state = store.load(thread_id)
+    assert state.pins == (Pin("Budget 9000 EUR", "person"), Pin("Launch moves to May 4.", "person"))
+    assert state.notes == ("Use the staging cluster.",)
+
+
+def test_promoting_a_note_already_pinned_only_removes_the_note(web, store):
+    thread_id = hydrated(web)["threadId"]
+    seed_notes(store, thread_id, ["launch moves to may 4"], pins=("Launch moves to May 4.",))
+    response = web.post("/api/chat/notes/1/pin")
+    assert response.status_code == 201
+    assert response.get_json() == {"pinnedDecisions": ["Launch moves to May 4."], "modelNotes": []}
+
+
+def test_a_note_is_removed_by_position_and_a_missing_one_is_a_404(web, store):
+    thread_id = hydrated(web)["threadId"]
+    seed_notes(store, thread_id, ["first note", "second note"])
+    response = web.delete("/api/chat/notes/1")
+    assert response.status_code == 200
+    assert response.get_json() == {"pinnedDecisions": [], "modelNotes": ["second note"]}
+    for n in (0, 2, "x"):
+        for response in (web.delete(f"/api/chat/notes/{n}"), web.post(f"/api/chat/notes/{n}/pin")):
+            assert response.status_code == 404
+            assert response.get_json() == {"error": {"code": "note_not_found", "message":
+                                                     "There is no such note (it may have been removed already)."}}
+    assert store.load(thread_id).notes == ("second note",)
+
+
+def test_note_writes_from_another_site_are_refused(web, store):
+    thread_id = hydrated(web)["threadId"]
+    seed_notes(store, thread_id, ["a note"])
+    for response in (web.post("/api/chat/notes/1/pin", headers={"Origin": "https://evil.example"}),
+                     web.delete("/api/chat/notes/1", headers={"Origin": "https://evil.example"})):
+        assert response.status_code == 403 and response.get_json()["error"]["code"] == "forbidden"
+    assert store.load(thread_id).notes == ("a note",)
+
+
+def test_a_pin_that_started_before_a_clear_writes_nothing(web, monkeypatch):
+    """The thread is cleared between the pin request's read and its write: the retry finds it cleared."""
+    services = web.application.extensions["chat"]
+    thread_id = hydrated(web)["threadId"]
+    assert post_pin(web, text="from the old chat").status_code == 201
+    real_set_pins = services.store.set_pins
+    cleared = []
+
+    def clear_first(tid, **kwargs):
+        if not cleared:
+            cleared.append(services.store.clear(tid))  # a New chat lands between the read and the write
+        return real_set_pins(tid, **kwargs)
+
+    monkeypatch.setattr(services.store, "set_pins", clear_first)
+    response = post_pin(web, text="pinned while the chat was being cleared")
+    assert response.status_code == 409
+    assert response.get_json() == {"error": {"code": "thread_cleared",
+                                             "message": "A new chat was started meanwhile, so nothing was changed."}}
+    assert hydrated(web) == {"threadId": thread_id, "messages": [], "pinnedDecisions": [], "restored": False}

@@ -4,8 +4,9 @@ Each process type's command line is read from ``Procfile`` and run with
 ``bash -c`` in a new process group, with a production environment (``APP_ENV=
 production``, ``$PORT``, the test Redis, the fake LLM):
 
-- ``web``: gunicorn (gthread, ``--preload``) binds ``0.0.0.0:$PORT``, answers
-  ``/healthz``, and a websocket turn streams and is kept in memory; a bad
+- ``web``: gunicorn (gevent by default, gthread with ``WEB_WORKER_CLASS``; ``--preload``)
+  binds ``0.0.0.0:$PORT``, answers ``/healthz``, a websocket turn streams coalesced deltas
+  and is kept in memory, and a cancelled turn stops the model and keeps nothing; a bad
   configuration gives one ``config error`` line and exit 3 (nothing else).
 - ``worker``: a SIGTERM to the dyno's processes while a compaction runs puts the
   task back on the queue at once (``REMAP_SIGTERM=SIGQUIT``: cold shutdown,
@@ -18,6 +19,7 @@ production``, ``$PORT``, the test Redis, the fake LLM):
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -27,10 +29,11 @@ import pytest
 import requests
 from honcho.environ import parse_procfile
 
-from tests.fake_llm import Reply
+from tests.fake_llm import Reply, words
 from tests.fixtures.celery_worker import history, raw_hash, seed_turns, thread_id_for
-from tests.fixtures.live_app import ChatClient, answer_text
-from tests.test_config import PASSWORD, SECRET, clean_env, free_port
+from tests.fixtures.live_app import ChatClient, answer_text, frame_kinds
+from tests.servers import free_port, wait_http
+from tests.test_config import PASSWORD, SECRET, clean_env
 
 ROOT = Path(__file__).resolve().parent.parent
 PROCFILE = parse_procfile((ROOT / "Procfile").read_text()).processes
@@ -67,50 +70,64 @@ def stop_group(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float
     return proc.wait(5)
 
 
-def wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float = 30.0, **kwargs) -> requests.Response:
-    deadline = time.monotonic() + timeout
-    while True:
-        assert proc.poll() is None, f"exited with {proc.returncode}: {log.read_text()[-2000:]}"
-        try:
-            return requests.get(url, timeout=3, **kwargs)
-        except requests.ConnectionError:
-            assert time.monotonic() < deadline, f"no answer from {url}: {log.read_text()[-2000:]}"
-            time.sleep(0.2)
-
-
 def test_the_procfile_has_the_contract_process_types():
     assert sorted(PROCFILE) == ["flower", "release", "web", "worker"]
-    assert PROCFILE["web"].startswith("gunicorn wsgi:app -c gunicorn.conf.py --preload --worker-class gthread ")
+    assert PROCFILE["web"].startswith(
+        "gunicorn wsgi:app -c gunicorn.conf.py --preload --worker-class ${WEB_WORKER_CLASS:-gevent} ")
     assert "--bind 0.0.0.0:${PORT:-5000}" in PROCFILE["web"]
     assert "--threads ${WEB_THREADS:-64}" in PROCFILE["web"]  # the same default as Settings.web_threads
     assert PROCFILE["worker"].startswith("REMAP_SIGTERM=SIGQUIT celery -A celery_app worker -Q compaction ")
     assert "--port=${PORT:-5555}" in PROCFILE["flower"]
 
 
-def test_web_serves_http_and_websocket_chat_in_production(settings, fake_llm, tmp_path):
+@pytest.mark.parametrize("worker_class", [None, "gthread"], ids=["gevent-default", "gthread"])
+def test_web_serves_http_and_websocket_chat_in_production(settings, fake_llm, tmp_path, worker_class):
     fake_llm.default = Reply(text="Hello from the fake model.")
     port = free_port()
     log = tmp_path / "web.log"
+    extra = {"WEB_WORKER_CLASS": worker_class} if worker_class else {}
     proc = start("web", prod_env(settings.with_overrides(openai_base_url=fake_llm.url), PORT=str(port),
-                                 WEB_CONCURRENCY="2", WEB_THREADS="4"), log)
+                                 WEB_CONCURRENCY="2", WEB_THREADS="4", **extra), log)
     try:
         health = wait_http(f"http://127.0.0.1:{port}/healthz", proc, log)
-        assert (health.status_code, health.json()) == (200, {"status": "ok", "store": "up"})
+        assert (health.status_code, health.json()) == (200, {"status": "ok", "store": "up", "model": "up"})
         server = type("Server", (), {"url": f"http://127.0.0.1:{port}", "ws_url": f"ws://127.0.0.1:{port}/ws/chat"})
         client = ChatClient(server).connect()
         try:
             frames = client.turn("Say hello.", message_id="m-1", timeout=30)
+            # a fast answer comes in a few coalesced frames, all of it, in order, before done
+            tokens = words(200)
+            fake_llm.default = Reply(tokens=tokens, token_delay=0.002)
+            fast = client.turn("Count fast.", timeout=30)
+            # a cancel mid-answer: done cancelled at once, the model's stream closed, nothing after done
+            fake_llm.default = Reply(tokens=words(300), token_delay=0.01)
+            client.send({"type": "message", "text": "Count slowly."})
+            head = []
+            while "word5" not in answer_text(head):
+                head.append(client.recv())
+            client.send({"type": "cancel"})
+            cancelled = head + client.recv_until(lambda f: f["type"] == "done")
+            slow = fake_llm.last_request()
+            fake_llm.default = Reply(text="Hello from the fake model.")
         finally:
             client.close()
         assert (frames[0]["type"], frames[-1]["type"], frames[-1]["status"]) == ("start", "done", "completed")
         assert answer_text(frames) == "Hello from the fake model."
+        assert frame_kinds(fast) == ["start", "delta", "done"] and answer_text(fast) == "".join(tokens)
+        assert len([f for f in fast if f["type"] == "delta"]) < len(tokens) / 2
+        cancelled = [f for f in cancelled if f["type"] != "memory"]
+        assert frame_kinds(cancelled) == ["start", "delta", "done"] and cancelled[-1]["status"] == "cancelled"
+        assert "".join(words(300)).startswith(answer_text(cancelled))
+        assert slow.wait(3.0) and slow.outcome == "aborted" and slow.tokens_sent < 300
         # The session cookie is Secure in production: send it by hand over this plain-http loopback.
         thread = requests.get(server.url + "/api/chat/thread", headers={"Cookie": client.cookie_header()},
                               timeout=10).json()
         assert [(m["role"], m["text"]) for m in thread["messages"]] == [
-            ("user", "Say hello."), ("assistant", "Hello from the fake model.")]
+            ("user", "Say hello."), ("assistant", "Hello from the fake model."),
+            ("user", "Count fast."), ("assistant", "".join(tokens))]
         text = log.read_text()
-        assert "Using worker: gthread" in text and text.count("Booting worker with pid") == 2
+        assert f"Using worker: {worker_class or 'gevent'}" in text and text.count("Booting worker with pid") == 2
+        assert "MonkeyPatchWarning" not in text
         assert f"Listening at: http://0.0.0.0:{port}" in text
     finally:
         assert stop_group(proc) == 0
@@ -155,7 +172,7 @@ def test_worker_sigterm_requeues_the_running_compaction_at_once(compaction_rig, 
         rig.wait_outcome(tid, "applied", timeout=60)
         rig.wait_idle(tid)
         state = rig.store.load(tid)
-        assert state.summary == ANSWER["summary"]
+        assert state.summary == "Statements kept from earlier turns:\n- About: " + ANSWER["summary"] + "\n(turns 1–2 of this conversation)"
         assert [m.id for m in state.messages] == [x for n in range(3, 7) for x in (f"u{n}", f"a{n}")]
         assert [e["outcome"] for e in history(rig.client, tid)] == ["applied"]
         assert len(fake_llm.chat_requests("structured")) == 2
@@ -178,6 +195,10 @@ def test_flower_binds_port_and_requires_basic_auth(settings, tmp_path):
         assert wrong.status_code == 401
         allowed = requests.get(f"http://127.0.0.1:{port}/api/tasks", auth=("ops", "flower-Pa55"), timeout=5)
         assert (allowed.status_code, allowed.json()) == (200, {})
+        # the tasks page shows each task's result: a compaction's applied / skipped / discarded: stale
+        tasks = requests.get(f"http://127.0.0.1:{port}/tasks", auth=("ops", "flower-Pa55"), timeout=5)
+        assert re.findall(r'<th data-column="([a-z-]+)">', tasks.text) == [
+            "name", "uuid", "state", "result", "received", "runtime", "worker"]
         assert "flower-Pa55" not in log.read_text()
     finally:
         stop_group(proc)

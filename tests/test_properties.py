@@ -11,7 +11,7 @@ import json
 import redis
 from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
 
-from app.memory.final_turn import FinalTurn, TurnRejected, append_turn, prepare_final_turn
+from app.memory.final_turn import FinalTurn, TurnRejected, prepare_final_turn
 from app.memory.schemas import stored_state_schema
 from app.memory.state import ThreadState
 from app.settings import MemoryLimits
@@ -19,6 +19,7 @@ from app.store.keys import ThreadKeys
 from app.store.redis_client import make_redis
 from app.store.thread_store import ThreadStore
 from tests.fixtures.memory_data import new_thread_id
+from tests.fixtures.reference_memory import append_turn
 
 IDS = st.one_of(st.none(), st.sampled_from(["c1", "c2", "m1", "m2", "m_3"]), st.just("bad id"))
 TEXTS = st.one_of(
@@ -40,10 +41,10 @@ STEPS = st.lists(st.one_of(COMMIT, COMMIT, COMMIT, REPEAT, CLEAR), min_size=1, m
 def check_stored(client: redis.Redis, store: ThreadStore, thread_id: str, model: ThreadState) -> None:
     raw = client.hgetall(ThreadKeys(thread_id).state)
     if raw:
-        # The hash as the store decodes it: absent summary/pins fields mean empty.
-        assert set(raw) <= {"v", "gen", "messages", "summary", "pins", "lastCompactedAt"}, raw
+        # The hash as the store decodes it: absent summary/pins/notes fields mean empty.
+        assert set(raw) <= {"v", "gen", "clr", "messages", "summary", "pins", "notes", "lastCompactedAt"}, raw
         data = {"messages": json.loads(raw["messages"]), "summary": raw.get("summary", ""),
-                "pins": json.loads(raw.get("pins") or "[]")}
+                "pins": json.loads(raw.get("pins") or "[]"), "notes": json.loads(raw.get("notes") or "[]")}
         if "lastCompactedAt" in raw:
             data["lastCompactedAt"] = raw["lastCompactedAt"]
         stored_state_schema(store.limits).load(data)  # raises on any violation

@@ -20,8 +20,8 @@ from app.memory import compaction as domain
 from app.memory.state import ThreadMessage, ThreadState
 from app.memory.tokens import counter_for
 from app.settings import MemoryLimits
-from bench.replay import (Conversation, ReplayFakeModel, Replayer, account, kdconv_turns, load_kdconv, load_locomo,
-                          locomo_turns)
+from bench.replay import (Conversation, ReplayFakeModel, Replayer, _clip, account, kdconv_turns, load_kdconv,
+                          load_locomo, locomo_turns)
 from tests.fixtures.live_app import LiveServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -164,24 +164,22 @@ def _state(summary: str, turns: list[tuple[str, str]]) -> ThreadState:
     return ThreadState(messages=tuple(messages), summary=summary)
 
 
-def test_the_fake_compaction_answer_is_valid_within_limits_and_never_copies_the_previous_summary():
+def test_the_fake_compaction_answer_is_valid_within_limits_and_proposes_the_decisions_it_was_given():
     limits = MemoryLimits()
     counter = counter_for(None)
     fake = ReplayFakeModel()
-    summary = ""
     for cycle in range(1, 41):
         turns = [(generated_turns(cycle + 5)[cycle + k], "Got it.") for k in range(5)]
-        state = _state(summary, turns)
-        plan = domain.plan_compaction(state, limits, counter, 7168)
+        state = _state("", turns)
+        plan = domain.plan_compaction(state, limits, counter, 7168,
+                                      fixed_prompt_tokens=domain.fixed_prompt_tokens(limits, counter))
         assert plan.folded_turns == 1
-        body = {"messages": domain.build_compaction_prompt(state, plan, limits, counter=counter),
+        body = {"messages": domain.build_compaction_prompt(plan, limits, counter, 7168),
                 "response_format": {"type": "json_object"}}
-        answer = fake(body)
-        output = domain.validate_output(answer.json, limits)
-        assert not domain.copies_previous_summary(output.summary, summary)
-        assert len(output.summary) <= int(limits.summary_max_chars * 0.6)
-        assert output.summary.startswith(f"Conversation so far ({cycle} turns folded):")
-        summary = output.summary
+        answer = domain.validate_answer(fake(body).json)  # raises when over a limit or not the right shape
+        assert answer.summary.startswith("They talked about 1 things, starting with: Turn" if cycle % 2 == 0
+                                         else "They talked about 1 things, starting with: 第")
+        assert answer.pinnedDecisions == [_clip(turns[0][0], 200)]  # every generated turn decides something
     assert fake.counts == {"chat": 0, "compaction": 40, "compaction_retry": 0}
 
 

@@ -1,4 +1,6 @@
-"""Issue 6 end to end: every producer through the real websocket, real Redis, the fake model over HTTP.
+"""Every producer end to end: the real websocket, real Redis, the fake model over HTTP.
+
+README: "The boundary: what enters memory".
 
 For each producer (plain chat, tool, resource, task list final / blocked / paused then resumed,
 delivery completed / blocked with a long report / failed, cancelled runs) the stored thread holds
@@ -16,13 +18,13 @@ import pytest
 
 from app.memory.final_turn import TRUNCATION_NOTICE
 from app.memory.hydration import find_forbidden_key
-from app.runtime import capabilities, tasklist
-from app.runtime.producers import commit_recorded_final
+from app.runtime import tasklist
 from app.runtime.resources import read_resource
 from app.runtime.run_store import RUN_TTL_SECONDS, RunStore
 from app.store.keys import ThreadKeys
 from tests.fake_llm import Reply
-from tests.fixtures.live_app import ChatClient, answer_text
+from tests.fixtures.live_app import ChatClient, answer_text, frame_kinds
+from tests.fixtures.runs import commit_recorded_final
 from tests.fixtures.streamed_chat import wait_for
 
 # ------------------------------------------------------------------------------------------ helpers
@@ -116,7 +118,7 @@ def only_run(redis_client, thread_id: str):
 def test_plain_chat_stores_the_two_texts_and_offers_tools(chat, fake_llm):
     fake_llm.default = Reply(text="Hello there, how can I help?")
     frames = chat.turn("Hi!")
-    assert [f["type"] for f in frames] == ["start"] + ["delta"] * 6 + ["done"]
+    assert frame_kinds(frames) == ["start", "delta", "done"] and answer_text(frames) == "Hello there, how can I help?"
     assert frames[-1]["status"] == "completed"
     assert texts(chat) == [("user", "Hi!"), ("assistant", "Hello there, how can I help?")]
     assert [t["function"]["name"] for t in fake_llm.last_request().tools] == [
@@ -202,7 +204,6 @@ def test_bad_tool_call_gets_an_error_result_and_the_turn_still_completes(chat, f
 
 
 def test_provider_rejecting_tools_gets_plain_chat_and_the_page_says_tools_are_off(live_app, chat, fake_llm):
-    capabilities.forget()
     fake_llm.add_rule(Reply(status=400, error_message="tools are not supported by this server"),
                       when=lambda b: "tools" in b)
     fake_llm.default = Reply(text="Plain answer.")
@@ -218,7 +219,6 @@ def test_provider_rejecting_tools_gets_plain_chat_and_the_page_says_tools_are_of
                            ("user", "second"), ("assistant", "Plain answer.")]
     page = chat.http.get(live_app.url + "/").text
     assert 'data-testid="tools-off"' in page and 'data-tools-enabled="false"' in page
-    capabilities.forget(live_app.app.extensions["chat"])
 
 
 def test_tools_enabled_off_sends_no_tools(make_live_app, app_settings, fake_llm):
@@ -397,7 +397,6 @@ def test_cancelled_tasklist_run_stores_nothing(chat, fake_llm, redis_client):
 
 
 def test_structured_calls_fall_back_to_json_object_when_json_schema_is_refused(chat, fake_llm):
-    capabilities.forget()
     fake_llm.reject_json_schema = True
     script_tasklist(fake_llm)
     frames = chat.turn("/tasklist Plan a picnic for Saturday")
@@ -405,7 +404,6 @@ def test_structured_calls_fall_back_to_json_object_when_json_schema_is_refused(c
     kinds = [r.response_format["type"] for r in fake_llm.chat_requests("structured")]
     assert kinds == ["json_schema", "json_object", "json_object", "json_object"]  # the refusal is remembered
     assert texts(chat) == [("user", "Plan a picnic for Saturday"), ("assistant", "Your picnic is planned.")]
-    capabilities.forget()
 
 
 def test_invalid_plan_is_asked_once_more_then_fails_without_writing(chat, fake_llm):
@@ -532,7 +530,7 @@ def test_agent_writing_before_the_turn_runner_is_deduplicated(chat, fake_llm, li
 
 def test_compaction_keeps_recent_runtime_answers_verbatim(chat, fake_llm, live_app, redis_client):
     from tests.fixtures.celery_worker import assistant_text, user_text
-    from workers.compaction import run_compaction
+    from app.compaction.service import run_compaction
 
     services = live_app.app.extensions["chat"]
     thread_id = chat.thread()["threadId"]
@@ -570,7 +568,8 @@ def test_compaction_keeps_recent_runtime_answers_verbatim(chat, fake_llm, live_a
         "It is 83,810,205.", "There are two commands.", "Your picnic is planned.",
         ("# Delivery Report\n" + "B" * 8200)[: 8000 - len(TRUNCATION_NOTICE)] + TRUNCATION_NOTICE]
     after = services.store.load(thread_id)
-    assert after.summary == "They chatted about the numbers one and two."
+    assert after.summary == ("Statements kept from earlier turns:\n- About: They chatted about the numbers one and two.\n"
+                             "(turns 1–2 of this conversation)")
     assert find_forbidden_key(hydrated) is None
     compaction_prompt = json.dumps(fake_llm.last_request(lambda r: r.model == "fake-compact").messages)
     for needle in ["12345*6789", "PLANITEM", "OUTPUT-1", "PLANTEXT", "BUILDTEXT", "resource://docs/commands"]:

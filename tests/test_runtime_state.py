@@ -1,22 +1,23 @@
-"""Run state apart from ThreadState, producer dispatch, and the validators of structured answers (issue 6)."""
+"""Run state apart from ThreadState, producer dispatch, and the models of structured answers."""
 
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
-from app.chat.turn import ChatProducer
 from app.extensions import Services
+from app.llm.structured import answer_problems, answer_schema, parse_json, strict_answer_schema
 from app.memory.final_turn import FinalTurn
 from app.memory.hydration import build_hydration
 from app.runtime import capabilities
-from app.runtime.delivery import DeliveryProducer, validate_review
-from app.runtime.llm_calls import parse_json_object
-from app.runtime.producers import CommandError, choose_producer, commit_recorded_final, is_confirmation
+from app.runtime.chat import ChatProducer
+from app.runtime.delivery import DeliveryProducer, DeliveryReview
+from app.runtime.producers import CommandError, choose_producer, is_confirmation
 from app.runtime.run_store import RUN_TTL_SECONDS, Run, RunStore
-from app.runtime.tasklist import DropTaskListProducer, TaskListProducer, render_artifact, validate_plan, \
-    validate_task_result
+from app.runtime.tasklist import DropTaskListProducer, TaskListProducer, TaskPlan, TaskResult, render_artifact
 from app.runtime.tool_chat import ToolChatProducer
 from app.store.keys import ThreadKeys, provider_caps_key
+from tests.fixtures.runs import commit_recorded_final, forget_provider_caps
 
 THREAD = "chat:" + "ab" * 32
 
@@ -25,8 +26,14 @@ THREAD = "chat:" + "ab" * 32
 def services(settings):
     svc = Services(settings)
     yield svc
-    capabilities.forget()
     svc.redis.close()
+
+
+def problems(model, value) -> str:
+    """What ``model`` finds wrong with ``value``, as the model is told it."""
+    with pytest.raises(ValidationError) as caught:
+        model.model_validate(value)
+    return "; ".join(answer_problems(caught.value))
 
 
 def paused_run(services, goal="Plan a picnic") -> Run:
@@ -126,12 +133,12 @@ def test_tools_off_by_setting_or_by_provider(settings, services):
     off = Services(settings.with_overrides(tools_enabled=False))
     assert type(choose_producer(off, THREAD, "hello")) is ChatProducer
     assert capabilities.tools_enabled(services) is True
-    capabilities.mark_unsupported(services, capabilities.TOOLS)
+    capabilities.mark_tools_refused(services)
     assert type(choose_producer(services, THREAD, "hello")) is ChatProducer
     assert services.redis.hget(provider_caps_key(settings.openai_base_url), "tools") == "1"
-    capabilities.forget()  # this process forgets; Redis still knows (another process learned it)
-    assert capabilities.tools_enabled(services) is False
-    capabilities.forget(services)
+    # another process (a fresh Services) learns it from Redis
+    assert capabilities.tools_enabled(Services(settings)) is False
+    forget_provider_caps(services)
     assert capabilities.tools_enabled(services) is True
     off.redis.close()
 
@@ -141,33 +148,47 @@ def test_is_confirmation():
         True, True, True, False, False, False]
 
 
-def test_validators_of_structured_answers():
-    assert validate_plan({"tasks": [{"title": "  Pick   a park ", "needsConfirmation": False},
-                                    {"title": "Buy food", "needsConfirmation": True}]}) == [
+def test_models_of_structured_answers():
+    assert TaskPlan.model_validate({"tasks": [{"title": "  Pick   a park ", "needsConfirmation": False},
+                                              {"title": "Buy food", "needsConfirmation": True}]}).as_state() == [
         {"title": "Pick a park", "needsConfirmation": False}, {"title": "Buy food", "needsConfirmation": True}]
-    assert validate_plan({"tasks": [{"title": "x" * 300}]}) == [{"title": "x" * 200, "needsConfirmation": False}]
+    assert TaskPlan.model_validate({"tasks": [{"title": "x" * 300}]}).as_state() == [
+        {"title": "x" * 200, "needsConfirmation": False}]
     for bad, reason in [({"tasks": []}, "tasks must be a non-empty list"), ({}, "tasks must be a non-empty list"),
                         ({"tasks": [{"title": "t"}] * 7}, "at most 6 tasks"),
                         ({"tasks": [{"title": " "}]}, "every task needs a non-empty title"),
+                        ({"tasks": ["a title"]}, "every task needs a non-empty title"),
                         ({"tasks": [{"title": "t", "needsConfirmation": "yes"}]},
                          "needsConfirmation must be true or false")]:
-        with pytest.raises(ValueError) as caught:
-            validate_plan(bad)
-        assert str(caught.value) == reason
-    assert validate_task_result({"status": "blocked", "output": " no budget "}) == {"status": "blocked",
-                                                                                   "output": "no budget"}
-    with pytest.raises(ValueError):
-        validate_task_result({"status": "maybe", "output": ""})
-    assert validate_review({"verdict": "approved", "report": "All good."}) == {
+        assert problems(TaskPlan, bad) == reason
+    assert TaskResult.model_validate({"status": "blocked", "output": " no budget "}).model_dump() == {
+        "status": "blocked", "output": "no budget"}
+    assert problems(TaskResult, {"status": "maybe", "output": ""}) == 'status must be "done" or "blocked"'
+    assert problems(TaskResult, {"status": "done"}) == "output must be a string"
+    assert DeliveryReview.model_validate({"verdict": "approved", "report": "All good."}).model_dump() == {
         "verdict": "approved", "report": "# Delivery Report\n\nAll good."}
-    assert validate_review({"verdict": "blocked", "report": "# Delivery Report\nNo."})["report"] == "# Delivery Report\nNo."
-    with pytest.raises(ValueError):
-        validate_review({"verdict": "approved", "report": "  "})
+    assert DeliveryReview.model_validate({"verdict": "blocked", "report": "# Delivery Report\nNo."}).report == \
+        "# Delivery Report\nNo."
+    assert problems(DeliveryReview, {"verdict": "approved", "report": "  "}) == "report must be a non-empty string"
 
 
-def test_parse_json_object():
-    assert parse_json_object('```json\n{"a": 1}\n```') == {"a": 1}
-    assert parse_json_object('Here it is: {"a": {"b": 2}} thanks') == {"a": {"b": 2}}
+def test_answer_schemas_come_from_the_models():
+    plan = {"type": "object", "required": ["tasks"], "additionalProperties": False, "properties": {"tasks": {
+        "type": "array", "minItems": 1, "maxItems": 6, "items": {
+            "type": "object", "required": ["title", "needsConfirmation"], "additionalProperties": False,
+            "properties": {"title": {"type": "string"}, "needsConfirmation": {"type": "boolean"}}}}}}
+    assert answer_schema(TaskPlan) == strict_answer_schema(TaskPlan) == plan
+    assert answer_schema(TaskResult) == {
+        "type": "object", "required": ["status", "output"], "additionalProperties": False,
+        "properties": {"status": {"type": "string", "enum": ["done", "blocked"]}, "output": {"type": "string"}}}
+    assert answer_schema(DeliveryReview) == {
+        "type": "object", "required": ["verdict", "report"], "additionalProperties": False,
+        "properties": {"verdict": {"type": "string", "enum": ["approved", "blocked"]}, "report": {"type": "string"}}}
+
+
+def test_an_answer_is_parsed_then_validated():
+    assert parse_json('```json\n{"a": 1}\n```') == {"a": 1}
+    assert parse_json('Here it is: {"a": {"b": 2}} thanks') == {"a": {"b": 2}}
     for bad in ("[1, 2]", "no json", ""):
         with pytest.raises(ValueError):
-            parse_json_object(bad)
+            TaskResult.model_validate(parse_json(bad))

@@ -1,4 +1,4 @@
-"""The built-in tools and the MCP-style resources (issue 6 item 1), without a server."""
+"""The built-in tools and the MCP-style resources, without a server."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 import pytest
 
 from app.memory.tokens import TokenCounter
-from app.runtime.budget import TRUNCATED, Room, clip_text
+from app.runtime.budget import TRUNCATED, Room
 from app.runtime.resources import RESOURCE_DIR, ResourceError, list_resources, read_resource
 from app.runtime.tools import CalculatorError, calculate, current_time, parse_arguments, run_tool, tool_specs
 
@@ -113,7 +113,7 @@ def test_room_clips_to_the_tokens_left():
     room.take(70)
     assert room.left == 0
     long_text = "word " * 500
-    clipped = clip_text(counter, long_text, 50)
+    clipped = room.clip(long_text, 50)
     assert counter.count(clipped) <= 50 and clipped.endswith(TRUNCATED) and long_text.startswith(clipped[:100])
-    assert clip_text(counter, "short text", 50) == "short text"
-    assert clip_text(counter, long_text, 0) == ""
+    assert room.clip("short text", 50) == "short text"
+    assert room.clip(long_text, 0) == ""

@@ -111,7 +111,7 @@ def test_version_changes_on_every_write(store, tid):
     assert store.set_pins(tid, expected_gen=gen, pins=[Pin("p")]) is True
     versions.append(store.load(tid).version)
     applied = store.apply_compaction(tid, expected_gen=gen + 1, folded_ids=["u1", "a1"], summary="s",
-                                     pins=[Pin("p")], compacted_at=CREATED)
+                                     notes=["n"], compacted_at=CREATED)
     versions.append(applied.version)
     versions.append(store.clear(tid))
     versions.append(store.commit_messages(tid, *turn(3), dedupe_by_text=False).version)
@@ -162,7 +162,7 @@ def test_set_pins_and_apply_compaction_refresh_every_ttl(store, redis_client, ti
     seed_side_keys(redis_client, tid)
     redis_client.expire(keys.state, 30)
     result = store.apply_compaction(tid, expected_gen=1, folded_ids=["u1", "a1"], summary="s",
-                                    pins=[Pin("p", "person")], compacted_at=CREATED)
+                                    notes=["n"], compacted_at=CREATED)
     assert result.outcome == "applied"
     assert_ttls_refreshed(redis_client, keys.ttl_keys())
 
@@ -175,7 +175,7 @@ def test_clear_keeps_an_expiring_empty_hash_and_deletes_the_side_keys(store, red
     assert redis_client.exists(*keys.ttl_keys()[1:]) == 0
 
 
-# -- dedupe (P9) ------------------------------------------------------------------------------------------
+# -- dedupe -----------------------------------------------------------------------------------------------
 
 def test_same_assistant_id_twice_leaves_two_messages(store, tid):
     first = store.commit_final_turn(tid, FinalTurn("hi", "hello", user_id="c1", assistant_id="m1"))
@@ -241,7 +241,7 @@ def test_compaction_that_read_before_a_clear_is_stale_and_writes_nothing(store, 
     store.clear(tid)
     raw_before = redis_client.hgetall(ThreadKeys(tid).state)
     result = store.apply_compaction(tid, expected_gen=seen.gen, folded_ids=["u1", "a1", "u2", "a2"],
-                                    summary="from before the clear", pins=[Pin("stale pin")], compacted_at=CREATED)
+                                    summary="from before the clear", notes=["stale note"], compacted_at=CREATED)
     assert (result.outcome, result.detail) == ("stale", "generation")
     assert redis_client.hgetall(ThreadKeys(tid).state) == raw_before
     assert store.load(tid).is_empty is True
@@ -254,6 +254,42 @@ def test_clear_then_commit_starts_a_fresh_thread(store, tid):
     assert texts(store.load(tid)) == ["U1", "A1"]
 
 
+def test_clear_moves_the_clear_counter_and_keeps_it(store, redis_client, tid):
+    assert store.load(tid).cleared == 0
+    commit_turns(store, tid, 1)
+    store.clear(tid)
+    store.clear(tid)
+    assert redis_client.hget(ThreadKeys(tid).state, "clr") == "2"
+    assert store.load(tid).cleared == 2
+
+
+def test_a_turn_that_started_before_a_clear_writes_nothing(store, redis_client, tid):
+    commit_turns(store, tid, 1)
+    seen = store.load(tid).cleared
+    store.clear(tid)
+    raw_before = redis_client.hgetall(ThreadKeys(tid).state)
+    result = store.commit_final_turn(tid, FinalTurn("U2", "A2", "completed", user_id="u2", assistant_id="a2"),
+                                     expected_cleared=seen)
+    assert (result.appended, result.cleared, result.message_count) == (False, True, 0)
+    assert redis_client.hgetall(ThreadKeys(tid).state) == raw_before
+    assert store.load(tid).is_empty is True
+    fresh = store.commit_final_turn(tid, FinalTurn("U3", "A3", "completed"), expected_cleared=store.load(tid).cleared)
+    assert (fresh.appended, fresh.cleared) == (True, False)
+    assert texts(store.load(tid)) == ["U3", "A3"]
+
+
+def test_set_pins_and_notes_is_a_compare_and_set_and_a_clear_makes_it_stale(store, tid):
+    commit_turns(store, tid, 1)
+    state = store.load(tid)
+    assert store.set_pins_and_notes(tid, expected_gen=state.gen, pins=[Pin("keep")], notes=["n1", "n2"])
+    after = store.load(tid)
+    assert (after.pins, after.notes, after.gen) == ((Pin("keep"),), ("n1", "n2"), state.gen + 1)
+    assert not store.set_pins_and_notes(tid, expected_gen=state.gen, pins=[], notes=[])
+    store.clear(tid)
+    assert not store.set_pins_and_notes(tid, expected_gen=after.gen, pins=[Pin("keep")], notes=["n1"])
+    assert store.load(tid).is_empty is True
+
+
 # -- apply_compaction ------------------------------------------------------------------------------------
 
 WEIRD = 'U7 中文 😀👍🏽 "quotes" \\ back / slash \u2028 \x01 tab\t <|endoftext|>'
@@ -264,12 +300,12 @@ def test_compaction_keeps_messages_appended_meanwhile(store, tid):
     seen = store.load(tid)
     store.commit_messages(tid, *turn(7, WEIRD, "A7"), dedupe_by_text=False)  # while the model runs
     result = store.apply_compaction(tid, expected_gen=seen.gen, folded_ids=["u1", "a1", "u2", "a2"],
-                                    summary="U1 and U2 happened.", pins=[Pin("keep", "person")], compacted_at=CREATED)
+                                    summary="U1 and U2 happened.", notes=["keep 中文 😀"], compacted_at=CREATED)
     assert result.outcome == "applied"
     after = store.load(tid)
     assert texts(after) == ["U3", "A3", "U4", "A4", "U5", "A5", "U6", "A6", WEIRD, "A7"]
     assert after.messages == seen.messages[4:] + turn(7, WEIRD, "A7")  # re-encoded by Lua's cjson, unchanged
-    assert (after.summary, after.pins, after.last_compacted_at) == ("U1 and U2 happened.", (Pin("keep", "person"),), CREATED)
+    assert (after.summary, after.notes, after.last_compacted_at) == ("U1 and U2 happened.", ("keep 中文 😀",), CREATED)
     assert after.gen == seen.gen + 1
     assert result.version == after.version
 
@@ -278,14 +314,14 @@ def test_compaction_whose_folded_messages_are_no_longer_oldest_is_stale(store, t
     commit_turns(store, tid, 3)
     gen = store.load(tid).gen
     for folded in (["a1", "u2"], ["u1", "a2"], ["u1", "a1", "u2", "a2", "u3", "a3", "u9"], []):
-        result = store.apply_compaction(tid, expected_gen=gen, folded_ids=folded, summary="s", pins=[],
+        result = store.apply_compaction(tid, expected_gen=gen, folded_ids=folded, summary="s", notes=[],
                                         compacted_at=CREATED)
         assert (result.outcome, result.detail) == ("stale", "messages")
     assert texts(store.load(tid)) == ["U1", "A1", "U2", "A2", "U3", "A3"]
 
 
 def test_compaction_of_a_missing_thread_is_stale_and_creates_nothing(store, redis_client, tid):
-    result = store.apply_compaction(tid, expected_gen=0, folded_ids=["u1"], summary="s", pins=[], compacted_at=CREATED)
+    result = store.apply_compaction(tid, expected_gen=0, folded_ids=["u1"], summary="s", notes=[], compacted_at=CREATED)
     assert (result.outcome, result.detail) == ("stale", "missing")
     assert redis_client.exists(ThreadKeys(tid).state) == 0
 
@@ -293,9 +329,9 @@ def test_compaction_of_a_missing_thread_is_stale_and_creates_nothing(store, redi
 def test_second_compaction_with_the_same_generation_is_stale(store, tid):
     commit_turns(store, tid, 6)
     gen = store.load(tid).gen
-    first = store.apply_compaction(tid, expected_gen=gen, folded_ids=["u1", "a1"], summary="one", pins=[],
+    first = store.apply_compaction(tid, expected_gen=gen, folded_ids=["u1", "a1"], summary="one", notes=[],
                                    compacted_at=CREATED)
-    second = store.apply_compaction(tid, expected_gen=gen, folded_ids=["u2", "a2"], summary="two", pins=[],
+    second = store.apply_compaction(tid, expected_gen=gen, folded_ids=["u2", "a2"], summary="two", notes=[],
                                     compacted_at=CREATED)
     assert (first.outcome, second.outcome, second.detail) == ("applied", "stale", "generation")
     assert store.load(tid).summary == "one"
@@ -304,7 +340,7 @@ def test_second_compaction_with_the_same_generation_is_stale(store, tid):
 def test_compaction_of_every_message_leaves_an_empty_list(store, tid):
     commit_turns(store, tid, 1)
     result = store.apply_compaction(tid, expected_gen=0, folded_ids=["u1", "a1"], summary="all folded",
-                                    pins=[], compacted_at=CREATED)
+                                    notes=[], compacted_at=CREATED)
     assert result.outcome == "applied"
     after = store.load(tid)
     assert (after.messages, after.summary) == ((), "all folded")
@@ -334,7 +370,7 @@ def test_set_pins_after_a_compaction_started_makes_the_compaction_stale(store, t
     commit_turns(store, tid, 6)
     seen = store.load(tid)
     assert store.set_pins(tid, expected_gen=seen.gen, pins=[Pin("mine", "person")]) is True
-    result = store.apply_compaction(tid, expected_gen=seen.gen, folded_ids=["u1", "a1"], summary="s", pins=[],
+    result = store.apply_compaction(tid, expected_gen=seen.gen, folded_ids=["u1", "a1"], summary="s", notes=[],
                                     compacted_at=CREATED)
     assert result.outcome == "stale"
     assert store.load(tid).pins == (Pin("mine", "person"),)
@@ -347,7 +383,8 @@ def test_one_pending_compaction_marker_at_a_time(store, redis_client, tid):
     assert store.mark_compaction_pending(tid, 4, 60) is False
     assert redis_client.get(ThreadKeys(tid).compacting) == "3"
     assert 55 <= redis_client.ttl(ThreadKeys(tid).compacting) <= 60
-    store.release_compaction_marker(tid)
+    assert store.release_compaction_marker(tid, 4) is False  # not the version it holds: left alone
+    assert store.release_compaction_marker(tid, 3) is True
     assert store.mark_compaction_pending(tid, 5, 60) is True
 
 

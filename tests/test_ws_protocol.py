@@ -12,7 +12,7 @@ import pytest
 import websocket
 
 from tests.fake_llm import Reply
-from tests.fixtures.live_app import ChatClient, answer_text
+from tests.fixtures.live_app import ChatClient, answer_text, frame_kinds
 
 BAD_FRAMES = [
     ("not json", "invalid_json"),
@@ -149,15 +149,16 @@ def test_allowed_origins_configured_admit_only_those(make_live_app, app_settings
 
 def test_frames_are_single_json_objects(chat, fake_llm):
     """Every server frame is one JSON object with a ``type`` (one writer per socket, nothing interleaved)."""
-    fake_llm.default = Reply(text=" ".join(f"w{i}" for i in range(300)))
+    answer = " ".join(f"w{i}" for i in range(300))
+    fake_llm.default = Reply(text=answer, token_delay=0.001)
     chat.send({"type": "message", "text": "many deltas"})
     chat.ws.settimeout(10)
-    raw = []
+    frames = []
     while True:
-        data = chat.ws.recv()
-        raw.append(data)
-        frame = json.loads(data)
+        frame = json.loads(chat.ws.recv())
         assert isinstance(frame, dict) and isinstance(frame.get("type"), str)
+        frames.append(frame)
         if frame["type"] == "done":
             break
-    assert len(raw) == 302
+    assert frame_kinds(frames) == ["start", "delta", "done"] and frames[-1]["status"] == "completed"
+    assert answer_text(frames) == answer

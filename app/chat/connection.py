@@ -11,6 +11,7 @@ import json
 import logging
 import threading
 
+import orjson
 from simple_websocket import ConnectionClosed
 
 log = logging.getLogger(__name__)
@@ -29,8 +30,11 @@ class FrameWriter:
         self.closed = False
 
     def send(self, frame: dict) -> bool:
-        """Send one frame; False (and nothing raised) when the socket is closed."""
-        data = json.dumps(frame, ensure_ascii=False, separators=(",", ":"))
+        """Send one frame (compact JSON, UTF-8 as is); False (and nothing raised) when the socket is closed."""
+        try:
+            data = orjson.dumps(frame).decode()  # a few times faster than json.dumps, on every delta frame
+        except TypeError:  # what orjson refuses (a lone surrogate, a huge int) json still writes
+            data = json.dumps(frame, ensure_ascii=False, separators=(",", ":"))
         with self._lock:
             if self.closed:
                 return False

@@ -1,7 +1,7 @@
-"""Client frames of ``/ws/chat``: parsing and validation (contract: WebSocket).
+"""Client frames of ``/ws/chat``: parsing and validation (docs/contract.md: WebSocket).
 
-Every bad frame gives a ``FrameError`` with a contract error code and a message
-for people; the connection stays usable (acceptance B7).
+Every bad frame gives a ``FrameError`` with an error code of the contract and a
+message for people; the connection stays usable.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from app.memory.schemas import MESSAGE_ID_RE
 
 
 class FrameError(ValueError):
-    """A client frame was refused: ``code`` (contract error code) and ``message`` for people."""
+    """A client frame was refused: ``code`` (an error code of docs/contract.md) and ``message`` for people."""
 
     def __init__(self, code: str, message: str):
         super().__init__(code)

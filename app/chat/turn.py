@@ -1,18 +1,21 @@
 """The turn runner: read ThreadState, assemble the context, produce the answer, commit once, then ``done``.
 
-A turn's life (contract: WebSocket; issue 3 item 3)::
+A turn's life (``docs/contract.md``, WebSocket; README: "A turn")::
 
-    start -> delta* (and display-only tool/progress frames) -> commit (completed/blocked only)
+    start -> [waiting] -> delta* (and display-only tool/progress frames) -> commit (statuses that write memory only)
           -> done -> compaction request (due? marker + enqueue)
        \\-> cancel: done "cancelled", nothing written
        \\-> upstream failure: error + done "failed", nothing written
+       \\-> the thread was cleared after the turn started: done "completed" with "saved": false,
+           nothing written (a clear is final for everything that started before it)
 
-What produces the answer is a *producer* (plain chat here; tools, the task-list
-agent and the delivery workflow elsewhere).  Whatever it does inside the turn,
-only its final text is written, through the final-turn adapter.  The browser's
-own history is never an input: the prompt comes from the stored ThreadState only
-(acceptance P17).  A memory failure is logged and never changes what the person
-already received.
+What produces the answer is a *producer* (``app.runtime.producer``: plain chat by
+default; tools, the task-list agent and the delivery workflow are chosen by
+``app.runtime.producers``).  ``Turn`` is the producer's ``TurnIO``.  Whatever a
+producer does inside the turn, only its final text is written, through the
+final-turn adapter.  The browser's own history is never an input: the prompt
+comes from the stored ThreadState only.  A memory failure is logged and never
+changes what the person already received.
 """
 
 from __future__ import annotations
@@ -21,7 +24,6 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from app.extensions import Services
 from app.llm.client import CancelEvent, StreamStats
@@ -29,42 +31,14 @@ from app.llm.provider import LLMError
 from app.memory.context import AssembledContext, assemble_context
 from app.memory.final_turn import FinalTurn, TurnRejected
 from app.memory.state import ThreadState, new_message_id
+from app.memory.status import TurnStatus
+from app.runtime.chat import ChatProducer
+from app.runtime.producer import Producer, ProducerError, ProducerResult, TurnIO
 from app.store.thread_store import CorruptState, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
 STREAMING, COMMITTING, FINISHED = "streaming", "committing", "finished"
-# A producer's final status -> the done frame's status.  "paused" is an extension for the
-# task-list agent waiting for confirmation: nothing is written, like "cancelled".
-DONE_STATUS = {"completed": "completed", "final": "completed", "blocked": "blocked",
-               "paused": "paused", "failed": "failed", "cancelled": "cancelled"}
-WRITTEN = {"completed", "final", "blocked"}
-
-
-@dataclass
-class ProducerResult:
-    """What a producer finally told the person.
-
-    Attributes:
-        status: ``completed``, ``final`` or ``blocked`` (written); ``paused``, ``failed``,
-            ``cancelled`` (never written).
-        text: the final assistant text (what memory keeps when written).
-        source: ``chat``, ``tool``, ``mcp-resource``, ``tasklist-agent`` or ``delivery-chain``.
-        user_text: the user text to remember, when it differs from what was typed
-            (for example the goal of ``/tasklist <goal>``); None keeps the typed text.
-    """
-
-    status: str
-    text: str = ""
-    source: str = "chat"
-    user_text: str | None = None
-
-
-class Producer(Protocol):
-    """Produces a turn's answer: streams deltas and display frames through ``TurnIO``."""
-
-    def run(self, io: "TurnIO") -> ProducerResult:
-        """Produce the answer; raise ``LLMError`` on provider failure."""
 
 
 @dataclass
@@ -79,11 +53,12 @@ class TurnOutcome:
         started_at: ``time.monotonic()`` when streaming started (seconds).
         answer: the final assistant text.
         committed: True when memory was written.
+        cleared: True when nothing was written because the thread was cleared after the turn started.
         error_code: the contract error code of a failed turn.
         user_message_id: the user message id of the turn.
     """
 
-    status: str
+    status: TurnStatus
     message_id: str
     user_message_id: str | None = None
     context: AssembledContext | None = None
@@ -91,6 +66,7 @@ class TurnOutcome:
     started_at: float = 0.0
     answer: str = ""
     committed: bool = False
+    cleared: bool = False
     error_code: str | None = None
 
     @property
@@ -101,62 +77,8 @@ class TurnOutcome:
         return (self.stats.first_token_at - self.started_at) * 1000.0
 
 
-class TurnIO:
-    """What a producer may do inside a turn: send deltas and display frames, watch for cancel.
-
-    Attributes:
-        services, thread_id, text (the person's input), state (ThreadState read at the
-        start), context (assembled prompt), cancelled (``threading.Event``), deadline
-        (``time.monotonic()`` seconds), stats (``StreamStats`` to fill), message_id and
-        user_id (the ids the turn writes its final turn with).
-    """
-
-    def __init__(self, turn: "Turn", context: AssembledContext, deadline: float):
-        self._turn = turn
-        self.services = turn.services
-        self.thread_id = turn.thread_id
-        self.text = turn.text
-        self.state = turn.state
-        self.context = context
-        self.cancelled = turn.cancelled
-        self.deadline = deadline
-        self.stats = turn.outcome.stats
-        self.message_id = turn.message_id
-        self.user_id = turn.user_id  # the user message id the turn will write (issue 6: runs record it)
-        self.pieces: list[str] = []
-
-    def delta(self, text: str) -> bool:
-        """Stream a piece of the answer; False once the turn is no longer streaming."""
-        return self._turn._send_if_streaming({"type": "delta", "text": text}, self.pieces, text)
-
-    def emit(self, frame: dict) -> bool:
-        """Send a display-only frame (``tool``, ``progress``); never stored."""
-        return self._turn._send_if_streaming(frame)
-
-    @property
-    def streamed_text(self) -> str:
-        """Everything streamed so far."""
-        return "".join(self.pieces)
-
-
-class ChatProducer:
-    """Plain chat: stream the model's answer to the assembled prompt."""
-
-    source = "chat"
-
-    def run(self, io: TurnIO) -> ProducerResult:
-        """Stream deltas; the final text is what was streamed."""
-        for chunk in io.services.llm.stream_chat(io.context.to_openai(), cancelled=io.cancelled,
-                                                 deadline=io.deadline, stats=io.stats):
-            for choice in chunk.choices:
-                text = choice.delta.content if choice.delta else None
-                if text and not io.delta(text):
-                    return ProducerResult("cancelled", io.streamed_text, self.source)
-        return ProducerResult("completed", io.streamed_text, self.source)
-
-
-class Turn:
-    """One turn in flight on one connection.
+class Turn(TurnIO):
+    """One turn in flight on one connection; its producer's ``TurnIO``.
 
     Args:
         services: shared services (store, LLM, tokenizer, settings).
@@ -178,29 +100,40 @@ class Turn:
         self.message_id = new_message_id()
         self.cancelled = CancelEvent()  # setting it also shuts the upstream connection down
         self.state = ThreadState()
+        self.cleared_seen: int | None = None  # the clear counter read by prepare(); None: not known
+        self.context: AssembledContext | None = None  # set by prepare()
+        self.deadline = 0.0  # set when streaming starts
         self._lock = threading.Lock()
         self._phase = STREAMING
-        self.outcome = TurnOutcome("failed", self.message_id, self.user_id)
+        self._pieces: list[str] = []
+        self.outcome = TurnOutcome(TurnStatus.FAILED, self.message_id, self.user_id)
+        self.stats = self.outcome.stats
 
     @property
     def active(self) -> bool:
         """True until ``done`` has been sent."""
         return self._phase != FINISHED
 
-    def _finish(self, status: str, **extra) -> None:
+    def _finish(self, status: TurnStatus, **extra) -> None:
         self.outcome.status = status
         self._phase = FINISHED
-        self._account()  # before done: a stats read after done sees this turn (issue 7)
+        self._account()  # before done: a stats read after done sees this turn
         self.writer.send({"type": "done", "status": status, "messageId": self.message_id, **extra})
 
-    def _send_if_streaming(self, frame: dict, pieces: list | None = None, piece: str | None = None) -> bool:
+    def send_if_streaming(self, frame: dict, piece: str | None = None) -> bool:
+        """Send ``frame`` while the turn streams (``TurnIO``); ``piece`` joins ``streamed_text`` with it."""
         with self._lock:
             if self._phase != STREAMING:
                 return False
-            if pieces is not None:
-                pieces.append(piece)
+            if piece is not None:
+                self._pieces.append(piece)
             self.writer.send(frame)
             return True
+
+    @property
+    def streamed_text(self) -> str:
+        """Every piece of answer text sent so far."""
+        return "".join(self._pieces)
 
     def cancel(self) -> bool:
         """Stop the turn: ``done`` ``cancelled`` now; the producer's thread closes the upstream.
@@ -211,7 +144,7 @@ class Turn:
             if self._phase != STREAMING:
                 return False
             self.cancelled.set()
-            self._finish("cancelled")
+            self._finish(TurnStatus.CANCELLED)
             return True
 
     def abandon(self) -> None:
@@ -220,12 +153,19 @@ class Turn:
             self.cancelled.set()
             if self._phase == STREAMING:
                 self._phase = FINISHED
-                self.outcome.status = "interrupted"
+                self.outcome.status = TurnStatus.INTERRUPTED
 
     def load_state(self) -> ThreadState:
-        """The stored ThreadState, or the empty state when the store is down (degrade, never break)."""
+        """The stored ThreadState, or the empty state when the store is down (degrade, never break).
+
+        Sets ``cleared_seen`` to the state's clear counter (None when the store failed: the commit
+        then skips the clear check).
+        """
+        self.cleared_seen = None
         try:
-            return self.services.store.load(self.thread_id)
+            state = self.services.store.load(self.thread_id)
+            self.cleared_seen = state.cleared
+            return state
         except (StoreUnavailable, CorruptState) as exc:
             log.warning("turn on %s uses empty memory: %s", self.thread_id[:13], type(exc).__name__)
             return ThreadState()
@@ -241,7 +181,7 @@ class Turn:
         context = assemble_context(self.state, self.text, system_prompt=settings.system_prompt,
                                    counter=self.services.counter, context_tokens=settings.model_context_tokens,
                                    reserved_output_tokens=settings.reserved_output_tokens)
-        self.outcome.context = context
+        self.context = self.outcome.context = context
         return context
 
     def run(self, context: AssembledContext) -> TurnOutcome:
@@ -257,9 +197,9 @@ class Turn:
                 if self._phase == STREAMING:
                     self.writer.error("internal", "Something went wrong. Please try again.")
                     self.outcome.error_code = "internal"
-                    self._finish("failed", code="internal")
+                    self._finish(TurnStatus.FAILED, code="internal")
                 elif self._phase == COMMITTING:
-                    self._finish("completed")
+                    self._finish(TurnStatus.COMPLETED)
         finally:
             self._account()
         return self.outcome
@@ -268,34 +208,43 @@ class Turn:
         settings = self.services.settings
         outcome = self.outcome
         outcome.started_at = time.monotonic()
-        io = TurnIO(self, context, outcome.started_at + settings.llm_turn_timeout)
+        self.context = context
+        self.deadline = outcome.started_at + settings.llm_turn_timeout
         self.writer.send({"type": "start", "messageId": self.message_id})
+        if settings.bundled_model and self.services.llm.streams_in_flight:
+            # The bundled model's server answers one request at a time (README: The bundled model): say so.
+            self.send_if_streaming({"type": "waiting", "for": "model_busy",
+                                    "message": "The model is answering another message first."})
         try:
-            result = self.producer.run(io)
-        except LLMError as exc:
-            log.info("turn on %s failed upstream: %s", self.thread_id[:13], exc.category)
+            result = self.producer.run(self)
+        except (LLMError, ProducerError) as exc:
+            log.info("turn on %s failed: %s", self.thread_id[:13], getattr(exc, "category", exc.code))
             with self._lock:
                 if self._phase == STREAMING:
                     self.writer.error(exc.code, exc.message)
                     outcome.error_code = exc.code
-                    self._finish("failed", code=exc.code)
+                    self._finish(TurnStatus.FAILED, code=exc.code)
             return
+        status = TurnStatus.parse(result.status)
         with self._lock:
             if self._phase != STREAMING:
                 return  # cancelled or socket gone: nothing is written
-            if result.status in WRITTEN and not result.text.strip():
+            if status is None or not status.writes_memory:
+                # paused, failed and cancelled are told as they are; a producer has no other status
+                known = status in (TurnStatus.PAUSED, TurnStatus.FAILED, TurnStatus.CANCELLED)
+                self._finish(status if known else TurnStatus.FAILED)
+                return
+            if not result.text.strip():
                 self.writer.error("llm_unavailable", "The model returned an empty answer. Please try again.")
                 outcome.error_code = "llm_unavailable"
-                self._finish("failed", code="llm_unavailable")
-                return
-            if result.status not in WRITTEN:
-                self._finish(DONE_STATUS.get(result.status, "failed"))
+                self._finish(TurnStatus.FAILED, code="llm_unavailable")
                 return
             self._phase = COMMITTING
         outcome.answer = result.text
         commit = self._commit(result)
         with self._lock:
-            self._finish(DONE_STATUS[result.status])
+            unsaved = {"saved": False, "reason": "thread_cleared"} if outcome.cleared else {}
+            self._finish(status.done_status, **unsaved)  # docs/contract.md: WebSocket, the done frame
         if commit is not None:
             # After done: enqueueing costs a Celery publish (~2 ms) that the person need not wait for.
             self._request_compaction(commit, result)
@@ -310,7 +259,7 @@ class Turn:
         try:
             commit = store.commit_final_turn(self.thread_id, FinalTurn(
                 user_text, result.text, result.status, result.source,
-                user_id=self.user_id, assistant_id=self.message_id))
+                user_id=self.user_id, assistant_id=self.message_id), expected_cleared=self.cleared_seen)
         except TurnRejected as exc:
             log.warning("turn on %s not written: %s", self.thread_id[:13], exc.reason)
             return
@@ -318,17 +267,20 @@ class Turn:
             log.error("turn on %s not written: store unavailable", self.thread_id[:13])
             return
         self.outcome.committed = commit.appended
+        if commit.cleared:
+            log.info("turn on %s not written: the thread was cleared after it started", self.thread_id[:13])
+            self.outcome.cleared = True
         return commit if commit.appended else None
 
     def _request_compaction(self, commit, result: ProducerResult) -> None:
-        """Ask for a compaction when one is due after this commit (issue 4 item 2); never raises."""
+        """Ask for a compaction when one is due after this commit (README: A compaction, step 1); never raises."""
         counter = self.services.counter
         uncompacted = sum(counter.count(m.text) for m in self.state.messages) + \
             counter.count(result.user_text or self.text) + counter.count(result.text)
         try:
-            from workers.compaction import request_compaction
-            request_compaction(self.services, self.thread_id, message_count=commit.message_count,
-                               uncompacted_tokens=uncompacted, version=commit.version)
+            self.services.compaction_requests.after_commit(
+                self.thread_id, message_count=commit.message_count, uncompacted_tokens=uncompacted,
+                version=commit.version)
         except Exception:
             log.exception("compaction request for %s failed", self.thread_id[:13])
 

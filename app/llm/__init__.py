@@ -1,1 +1,2 @@
-"""The LLM side: the openai SDK client, streaming chat, structured compaction calls, error mapping."""
+"""The LLM side: the openai SDK client and error mapping (``provider``), streaming chat (``client``),
+structured (JSON) answers on one ladder of ``response_format`` modes (``structured``, ``answers``)."""

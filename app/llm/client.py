@@ -9,15 +9,17 @@ a message for people, no exception text).
 
 from __future__ import annotations
 
-import json
 import logging
+import math
+import select
 import socket
 import threading
 import time
-from dataclasses import dataclass
-from typing import Iterator
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
 
 import openai
+import orjson
 from tenacity import RetryError, Retrying, retry_if_exception, stop_after_attempt, stop_before_delay, wait_exponential
 
 from app.llm.provider import LLMError, make_openai_client, map_error
@@ -42,6 +44,11 @@ class StreamStats:
     first_token_at: float | None = None
     attempts: int = 0
     finish_reason: str | None = None
+
+
+def _next_tick(after: float, interval: float) -> float:
+    """The first multiple of ``interval`` on the monotonic clock at least ``interval / 2`` past ``after`` (seconds)."""
+    return math.ceil((after + interval / 2) / interval) * interval
 
 
 def _retryable(exc: BaseException) -> bool:
@@ -135,57 +142,200 @@ def mapped_error(exc: BaseException) -> LLMError:
     return err
 
 
-class Chunk:
-    """A streamed chunk read straight from the SSE JSON, with the SDK's attribute names.
+@dataclass(slots=True)
+class StreamDelta:
+    """What one read of the answer stream brought: every event that had arrived when it was read.
 
-    ``chunk.choices[0].delta.content``, ``.delta.tool_calls[i].function.arguments``,
-    ``.finish_reason``, ``chunk.usage.prompt_tokens``: a missing key reads as None.  Reading
-    the JSON directly costs a few microseconds per chunk where building the SDK's pydantic
-    chunk models costs about 150 (measured by ``bench/ws_load.py``), on every streamed token.
+    Attributes:
+        text: the ``choices[*].delta.content`` pieces of those events, joined (may be "").
+        tool_calls: their ``choices[*].delta.tool_calls`` parts, the provider's JSON objects in order
+            (``{"index", "id"?, "function": {"name"?, "arguments"?}}``).
+
+    A value is true when it carries text or tool-call parts.
     """
 
-    __slots__ = ("_data",)
+    text: str = ""
+    tool_calls: list = field(default_factory=list)
 
-    def __init__(self, data: dict):
-        self._data = data
-
-    def __getattr__(self, name: str):
-        value = self._data.get(name)
-        if isinstance(value, dict):
-            return Chunk(value)
-        if isinstance(value, list):
-            return [Chunk(v) if isinstance(v, dict) else v for v in value]
-        return value
+    def __bool__(self) -> bool:
+        return bool(self.text or self.tool_calls)
 
 
-class SSEStream:
-    """The chat-completions event stream of one request: the SDK sends the request and raises its
-    status errors; the body's ``data:`` lines are read here into ``Chunk`` values.
+MAX_SSE_LINE_BYTES = 1 << 20  # an unfinished event line longer than this fails the stream
 
-    Args:
-        manager: what ``client.chat.completions.with_streaming_response.create(...)`` returned.
+
+def _http_parser(response):
+    """The ``h11.Connection`` parsing ``response``'s body, or None when this transport has none.
+
+    httpx exposes no public way to it: the path is httpx2's transport stream, then httpcore2's pooled
+    HTTP/1.1 stream.  Any other shape (another version, HTTP/2) gives None.
+    """
+    stream = getattr(getattr(response, "stream", None), "_stream", None)
+    stream = getattr(getattr(stream, "_httpcore_stream", None), "_stream", None)
+    parser = getattr(getattr(stream, "_connection", None), "_h11_state", None)
+    return parser if hasattr(parser, "trailing_data") else None
+
+
+def _waiting_probe(response) -> Callable[[], bool]:
+    """A function telling whether more of ``response``'s body was already received, without reading it.
+
+    Over plain TCP one socket read takes everything the kernel holds (up to 64 KiB), so it is enough
+    to ask the HTTP parser whether it still holds unparsed bytes (``h11.Connection.trailing_data``):
+    no system call, which matters because every call that releases the interpreter lock can hand it
+    to another thread.  Over TLS a read returns one record at a time, so the socket is polled too.
+    Without a parser or socket (another transport) it always says no: each read is then one frame.
+    """
+    network_stream = response.extensions.get("network_stream")
+    sock = network_stream.get_extra_info("socket") if network_stream is not None else None
+    parser = _http_parser(response)
+    # after a chunk's data the parser keeps its closing CRLF until the next call: that alone is no more body
+    parsed = (lambda: bool(parser.trailing_data[0].strip(b"\r\n"))) if parser is not None else (lambda: False)
+    if sock is None:
+        return parsed
+    pending = getattr(sock, "pending", None)  # ssl.SSLSocket
+    if pending is None and parser is not None:
+        return parsed
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLIN)
+    if pending is None:
+        return lambda: bool(poller.poll(0))
+    return lambda: parsed() or pending() > 0 or bool(poller.poll(0))
+
+
+class SSEDecoder:
+    """Server-sent events of a chat-completions stream, from body bytes in any split.
+
+    Each ``data:`` line is one JSON event (a provider sends one line per event); ``data: [DONE]``
+    ends the stream; other lines (comments, ``event:``, the blank separators) are skipped.  A line
+    may be split anywhere between two ``feed`` calls, even inside a UTF-8 sequence.
     """
 
-    def __init__(self, manager):
-        self._manager = manager
-        self._api_response = manager.__enter__()
-        self.response = self._api_response.http_response  # the httpx response (its socket, for aborts)
+    def __init__(self):
+        self._tail = b""
+        self.done = False  # [DONE] was read; later bytes are ignored
 
-    def __iter__(self) -> Iterator[Chunk]:
-        for line in self._api_response.iter_lines():
-            if not line.startswith("data:"):
+    def feed(self, data: bytes) -> list[dict]:
+        """The events completed by ``data``, in order.
+
+        Raises:
+            LLMError: an event that is not a JSON object, an error event, or a line longer than
+                ``MAX_SSE_LINE_BYTES`` (``llm_unavailable``).
+        """
+        if self.done:
+            return []
+        if self._tail:
+            data = self._tail + data
+        lines = data.splitlines(True)
+        if lines and not lines[-1].endswith((b"\n", b"\r")):
+            self._tail = lines.pop()
+            if len(self._tail) > MAX_SSE_LINE_BYTES:
+                raise LLMError("llm_unavailable", "The model sent an unreadable answer.", "unavailable", True)
+        else:
+            self._tail = b""
+        events = []
+        for line in lines:
+            if not line.startswith(b"data:"):
                 continue
-            data = line[5:].strip()
-            if data == "[DONE]":
-                return
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                self.done = True
+                break
             try:
-                event = json.loads(data)
-            except ValueError:
+                event = orjson.loads(payload)
+            except ValueError:  # orjson.JSONDecodeError is one
                 raise LLMError("llm_unavailable", "The model sent an unreadable answer.", "unavailable", True) from None
             if not isinstance(event, dict) or event.get("error"):
                 raise LLMError("llm_unavailable", "The model is unavailable right now. Please try again.",
                                "unavailable", True)
-            yield Chunk(event)
+            events.append(event)
+        return events
+
+
+class SSEStream:
+    """The chat-completions event stream of one request: the SDK sends the request and raises its
+    status errors; the body is read here, straight from its bytes.
+
+    The events are decoded by ``SSEDecoder``.  ``read()`` returns everything that had arrived by the
+    time it was called as one ``StreamDelta``, so a stream read less often than its tokens arrive
+    costs one wake-up and one frame per read, not per token.  Reading the JSON directly (no SDK
+    chunk objects, no text decoding of lines) keeps the work per event to one ``orjson.loads``.
+
+    Args:
+        manager: what ``client.chat.completions.with_streaming_response.create(...)`` returned.
+        stats: filled with usage, finish reason and the first-token time as events arrive.
+    """
+
+    def __init__(self, manager, stats: StreamStats):
+        self._manager = manager
+        self._api_response = manager.__enter__()
+        self.response = self._api_response.http_response  # the httpx response (its socket, for aborts)
+        self._stats = stats
+        # without a content coding the body's bytes are the raw ones: skip httpx's decoder layer per chunk
+        coded = self.response.headers.get("content-encoding", "identity").lower() not in ("identity", "")
+        self._body = self.response.iter_bytes() if coded else self.response.iter_raw()
+        self._decoder = SSEDecoder()
+        self._waiting = _waiting_probe(self.response)
+        self.finished = False  # [DONE] read or the body ended
+        self._failure: Exception | None = None  # raised by the next read()
+
+    def read(self) -> StreamDelta | None:
+        """Block until the body has more, then take every event already received.
+
+        Returns the events' text and tool-call parts (an empty ``StreamDelta`` when they carried
+        neither, e.g. the usage event at the end), or None once the stream had ended.  When the
+        body fails after some events were read, those come first and the next call raises.
+
+        Raises:
+            LLMError: an unreadable event or an error event (``llm_unavailable``).
+            httpx.HTTPError: the connection failed (the caller maps it).
+        """
+        if self._failure is not None:
+            failure, self._failure = self._failure, None
+            raise failure
+        if self.finished:
+            return None
+        pieces: list[str] = []
+        tool_calls: list = []
+        while True:
+            try:
+                data = next(self._body)
+                self._feed(data, pieces, tool_calls)
+            except StopIteration:
+                self.finished = True
+                break
+            except Exception as exc:
+                if not (pieces or tool_calls):
+                    raise
+                # what arrived before the failure is still delivered (once); the failure comes next
+                self._failure, self.finished = exc, True
+                break
+            if self.finished or ((pieces or tool_calls) and not self._waiting()):
+                break
+        text = "".join(pieces)
+        if text and self._stats.first_token_at is None:
+            self._stats.first_token_at = time.monotonic()
+        return StreamDelta(text, tool_calls)
+
+    def _feed(self, data: bytes, pieces: list[str], tool_calls: list) -> None:
+        stats = self._stats
+        for event in self._decoder.feed(data):
+            for choice in event.get("choices") or ():
+                delta = choice.get("delta")
+                if delta:
+                    content = delta.get("content")
+                    if content:
+                        pieces.append(content)
+                    parts = delta.get("tool_calls")
+                    if parts:
+                        tool_calls.extend(parts)
+                if choice.get("finish_reason"):
+                    stats.finish_reason = choice["finish_reason"]
+            usage = event.get("usage")
+            if usage:
+                stats.prompt_tokens = usage.get("prompt_tokens")
+                stats.completion_tokens = usage.get("completion_tokens")
+        if self._decoder.done:
+            self.finished = True
 
     def close(self) -> None:
         """Close the response (its connection goes back to the pool or is closed)."""
@@ -202,6 +352,17 @@ class LLMClient:
     def __init__(self, settings: Settings):
         self.settings = settings
         self.client = make_openai_client(settings, max_retries=0)
+        self._lock = threading.Lock()
+        self._in_flight = 0
+
+    @property
+    def streams_in_flight(self) -> int:
+        """How many ``stream_chat`` calls of this process are between their request and their end."""
+        return self._in_flight
+
+    def _count(self, step: int) -> None:
+        with self._lock:
+            self._in_flight += step
 
     def _timeout(self, deadline: float) -> openai.Timeout:
         remaining = max(0.5, deadline - time.monotonic())
@@ -210,37 +371,50 @@ class LLMClient:
 
     def _open(self, messages: list[dict], model: str, deadline: float, stats: StreamStats, extra: dict,
               cancelled: threading.Event):
-        """Open a stream and read up to its first text delta; returns ``(stream, iterator, first_pieces, abort)``.
+        """Open a stream and read up to its first text or tool-call delta; returns ``(stream, first, abort)``.
 
-        ``abort`` is the callback registered on ``cancelled`` (a ``CancelEvent``), or None.
+        ``first`` is that ``StreamDelta`` (None when the stream ended without one); ``abort`` is the
+        callback registered on ``cancelled`` (a ``CancelEvent``), or None.
         """
         if cancelled.is_set():
             raise LLMError("llm_unavailable", "The turn was cancelled.", "cancelled", False)
         stats.attempts += 1
+        # The answer may use at most RESERVED_OUTPUT_TOKENS: the prompt was assembled to leave exactly that room.
+        extra = {"max_tokens": self.settings.reserved_output_tokens, **extra}
+        # The prompt (and tools) go as extra_body, the SDK's own way to send JSON as given: its per-request
+        # transformation of typed parameters walks every message and tool schema (about half of a turn's
+        # CPU in bench/ws_load.py) and changes nothing in these plain JSON values.  The body is the same.
         stream = SSEStream(self.client.chat.completions.with_streaming_response.create(
-            model=model, messages=messages, stream=True, stream_options={"include_usage": True},
-            timeout=self._timeout(deadline), **extra))
+            model=model, messages=[], stream=True, stream_options={"include_usage": True},
+            timeout=self._timeout(deadline), extra_body={"messages": messages, **extra}), stats)
         abort = None
         if isinstance(cancelled, CancelEvent):
             abort = _UpstreamAbort(stream)
             cancelled.add_callback(abort)
-        iterator = iter(stream)
-        pending = []
         try:
-            for chunk in iterator:
-                pending.append(chunk)
-                if any(c.delta and (c.delta.content or c.delta.tool_calls) for c in chunk.choices):
-                    break
+            first = stream.read()
+            while first is not None and not first:
+                first = stream.read()
         except BaseException:
             if abort is not None:
                 abort.release(cancelled)
             stream.close()
             raise
-        return stream, iterator, pending, abort
+        return stream, first, abort
 
     def stream_chat(self, messages: list[dict], *, cancelled: threading.Event, deadline: float,
-                    stats: StreamStats, model: str | None = None, **extra) -> Iterator[Chunk]:
-        """Yield the answer's chunks (``Chunk``, the SDK's attribute names) as they arrive.
+                    stats: StreamStats, model: str | None = None, flush_interval: float = 0.0,
+                    **extra) -> Iterator[StreamDelta]:
+        """Yield the answer as ``StreamDelta`` values: each holds every event that had arrived when it was read.
+
+        The first one comes as soon as the first token does.  With ``flush_interval`` (seconds) the
+        stream is read again at the next tick of a clock that ticks every ``flush_interval``, at least
+        half an interval after the previous value was yielded (a cancel ends the wait at once), so a
+        fast model's tokens come a few at a time: one wake-up, one parse of the buffered bytes and one
+        frame per interval instead of per token.  Every stream of the process waits for the same
+        ticks, so one wake-up of the process serves all of them (on a 2-core VM a wake-up from idle
+        costs 50-200 us of CPU; README: Performance).  Nothing is dropped or reordered; the end of the
+        stream is read at most 1.5 intervals late.
 
         Args:
             messages: the prompt, ``[{"role", "content"}]``.
@@ -248,8 +422,9 @@ class LLMClient:
             deadline: ``time.monotonic()`` after which the turn fails (``llm_unavailable``).
             stats: filled with usage, first-token time and attempts.
             model: overrides ``CHAT_MODEL``.
+            flush_interval: least time between two values after the first (seconds; 0: read on).
             extra: further chat-completion arguments (for example ``tools``, ``tool_choice``);
-                the chunks then carry ``delta.tool_calls`` too.
+                the values then carry ``tool_calls`` parts too.
 
         Raises:
             LLMError: the provider failed, timed out, or the deadline passed (with ``status_code``
@@ -264,8 +439,16 @@ class LLMClient:
             retry=retry_if_exception(lambda exc: not cancelled.is_set() and _retryable(exc)),
             reraise=True,
         )
+        self._count(1)
         try:
-            stream, iterator, pending, abort = retrying(self._open, messages, model, deadline, stats, extra, cancelled)
+            yield from self._stream(retrying, messages, model, deadline, stats, extra, cancelled, flush_interval)
+        finally:
+            self._count(-1)
+
+    def _stream(self, retrying, messages, model, deadline, stats, extra, cancelled, flush_interval):
+        """``stream_chat``'s body: open the stream (with ``retrying``), then yield its values."""
+        try:
+            stream, delta, abort = retrying(self._open, messages, model, deadline, stats, extra, cancelled)
         except RetryError as exc:  # pragma: no cover - reraise=True makes this unreachable
             raise mapped_error(exc.last_attempt.exception()) from None
         except Exception as exc:
@@ -273,16 +456,20 @@ class LLMClient:
                 return  # cancelled while connecting: the connection is already shut down
             raise mapped_error(exc) from None
         try:
-            for chunk in self._chunks(pending, iterator, cancelled, deadline):
-                if chunk.usage:
-                    stats.prompt_tokens = chunk.usage.prompt_tokens
-                    stats.completion_tokens = chunk.usage.completion_tokens
-                for choice in chunk.choices:
-                    if choice.finish_reason:
-                        stats.finish_reason = choice.finish_reason
-                    if stats.first_token_at is None and choice.delta and choice.delta.content:
-                        stats.first_token_at = time.monotonic()
-                yield chunk
+            while delta is not None:
+                if delta:
+                    yielded_at = time.monotonic()
+                    yield delta
+                    if flush_interval > 0:
+                        rest = min(_next_tick(yielded_at, flush_interval), deadline) - time.monotonic()
+                        if rest > 0 and cancelled.wait(rest):
+                            return
+                if cancelled.is_set():
+                    return
+                if time.monotonic() > deadline:
+                    raise LLMError("llm_unavailable", "The model took too long to answer. Please try again.",
+                                   "timeout", False)
+                delta = stream.read()
         except LLMError:
             raise
         except Exception as exc:
@@ -293,14 +480,3 @@ class LLMClient:
             if abort is not None:
                 abort.release(cancelled)
             stream.close()
-
-    @staticmethod
-    def _chunks(pending, iterator, cancelled: threading.Event, deadline: float):
-        yield from pending
-        for chunk in iterator:
-            if cancelled.is_set():
-                return
-            if time.monotonic() > deadline:
-                raise LLMError("llm_unavailable", "The model took too long to answer. Please try again.",
-                               "timeout", False)
-            yield chunk

@@ -3,6 +3,7 @@
 The seed design in a few modules:
 
 - ``state``: ThreadMessage, Pin, ThreadState.
+- ``limits``: MemoryLimits, the bounds of one ThreadState.
 - ``schemas``: marshmallow schemas for the stored state, the compaction output and the hydration DTO.
 - ``final_turn``: which finished turns are written and how their text is cleaned.
 - ``tokens``: tiktoken token counting with a cache.

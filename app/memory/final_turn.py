@@ -3,7 +3,8 @@
 A finished turn comes from a producer (plain chat, a tool call, an MCP-style
 resource read, the task-list agent, the delivery workflow).  Only what the
 person was finally told is remembered: the user's text and the final assistant
-text, trimmed (contract: ThreadState; acceptance P9-P12).
+text, trimmed (``docs/contract.md``, ThreadState; README: "The boundary: what
+enters memory").  Which statuses are written is ``TurnStatus.writes_memory``.
 """
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from app.memory.schemas import MESSAGE_ID_RE
-from app.memory.state import ThreadMessage, ThreadState, new_message_id, utc_now_iso
+from app.memory.state import ThreadMessage, new_message_id, utc_now_iso
+from app.memory.status import TurnStatus
+from app.memory.text import grapheme_prefix
 
-WRITTEN_STATUSES = frozenset({"completed", "blocked", "final"})
-NOT_WRITTEN_STATUSES = frozenset({"cancelled", "failed", "interrupted", "paused"})
 SOURCES = frozenset({"chat", "tool", "mcp-resource", "tasklist-agent", "delivery-chain"})
 TRUNCATION_NOTICE = "\n\n[Report truncated for memory.]"
 
@@ -35,8 +36,8 @@ class FinalTurn:
     Attributes:
         user_text: what the person sent (must be a non-blank string).
         assistant_text: what the person was finally told (must be a non-blank string).
-        status: ``completed`` (also when None), ``blocked``, ``final`` are written;
-            ``cancelled``, ``failed``, ``interrupted``, ``paused`` never are.
+        status: a ``TurnStatus`` value: ``completed`` (also when None), ``blocked``, ``final``
+            are written; ``cancelled``, ``failed``, ``interrupted``, ``paused`` never are.
         source: the producer; used at append time, never stored.
         user_id: the user message id (client-chosen), or None for a fresh one.
         assistant_id: the assistant message id, or None for a fresh one.
@@ -53,12 +54,14 @@ class FinalTurn:
 def truncate_delivery_report(text: str, max_chars: int) -> str:
     """Cut a delivery-chain final report to at most ``max_chars`` characters.
 
-    Deterministic: a prefix, trailing whitespace removed, then ``TRUNCATION_NOTICE``.
-    Python strings index code points, so a character is never split (acceptance P12).
+    Deterministic: the longest prefix of whole grapheme clusters that leaves room for
+    ``TRUNCATION_NOTICE``, trailing whitespace removed, then the notice.  The cut never
+    splits what a person sees as one character (an emoji ZWJ sequence, a flag, a letter
+    with its accents), so no dangling U+200D or lone modifier is stored.
     """
     if len(text) <= max_chars:
         return text
-    prefix = text[: max_chars - len(TRUNCATION_NOTICE)].rstrip()
+    prefix = grapheme_prefix(text, max_chars - len(TRUNCATION_NOTICE)).rstrip()
     return prefix + TRUNCATION_NOTICE
 
 
@@ -97,15 +100,16 @@ def prepare_final_turn(
         ``(user_message, assistant_message)`` with trimmed texts and ids.
 
     Raises:
-        TurnRejected: the status is not written (``reason="not_final"``), the source is
-            unknown (``"unknown_source"``), a text is not a string, not valid Unicode or blank
-            (acceptance P10, P11), or an id is malformed or shared by both messages (``"invalid_id"``).
+        TurnRejected: the status is not written (``reason="not_final"``) or unknown
+            (``"unknown_status"``), the source is unknown (``"unknown_source"``), a text is not
+            a string, not valid Unicode or blank (``"invalid_text"``, ``"blank_text"``), or an id
+            is malformed or shared by both messages (``"invalid_id"``).
     """
-    status = turn.status or "completed"
-    if status not in WRITTEN_STATUSES:
-        if status in NOT_WRITTEN_STATUSES:
-            raise TurnRejected("not_final", f"a {status} turn is not written")
-        raise TurnRejected("unknown_status", f"unknown turn status {status!r}")
+    status = TurnStatus.parse(turn.status or TurnStatus.COMPLETED)
+    if status is None:
+        raise TurnRejected("unknown_status", f"unknown turn status {turn.status!r}")
+    if not status.writes_memory:
+        raise TurnRejected("not_final", f"a {status} turn is not written")
     if turn.source not in SOURCES:
         raise TurnRejected("unknown_source", f"unknown turn source {turn.source!r}")
     _check_ids(turn.user_id, turn.assistant_id)
@@ -117,29 +121,3 @@ def prepare_final_turn(
     user = ThreadMessage(turn.user_id or new_id(), "user", user_text, created)
     assistant = ThreadMessage(turn.assistant_id or new_id(), "assistant", assistant_text, created)
     return user, assistant
-
-
-def is_duplicate(state: ThreadState, user: ThreadMessage, assistant: ThreadMessage, *, by_text: bool) -> bool:
-    """The dedupe rule (acceptance P9, B3).
-
-    A turn whose user or assistant id is already stored adds nothing.  When the
-    producer gave no ids (``by_text=True``), a turn whose two texts equal the last
-    stored pair exactly adds nothing.  The store's Lua script applies the same rule
-    atomically; this function is its reference.
-    """
-    ids = state.message_ids()
-    if user.id in ids or assistant.id in ids:
-        return True
-    if by_text and len(state.messages) >= 2:
-        last_user, last_assistant = state.messages[-2], state.messages[-1]
-        return (last_user.role, last_assistant.role) == ("user", "assistant") and \
-            last_user.text == user.text and last_assistant.text == assistant.text
-    return False
-
-
-def append_turn(state: ThreadState, user: ThreadMessage, assistant: ThreadMessage, *, by_text: bool) -> ThreadState:
-    """Return ``state`` with the turn appended, or unchanged when it is a duplicate."""
-    if is_duplicate(state, user, assistant, by_text=by_text):
-        return state
-    return ThreadState(state.messages + (user, assistant), state.summary, state.pins,
-                       state.last_compacted_at, state.version + 1, state.gen)

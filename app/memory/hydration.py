@@ -1,8 +1,8 @@
-"""The browser's view of a thread and the forbidden-key guard (contract: HTTP).
+"""The browser's view of a thread and the forbidden-key guard (docs/contract.md: HTTP).
 
 ``GET /api/chat/thread`` returns ``build_hydration(...)`` after
 ``assert_no_forbidden_keys`` has checked every key at every depth.  Values are
-never inspected: a message may say "tasklist" (acceptance P13, P14).
+never inspected: a message may say "tasklist".
 """
 
 from __future__ import annotations
@@ -62,9 +62,12 @@ def assert_no_forbidden_keys(value) -> None:
 def build_hydration(thread_id: str, state: ThreadState, *, restored: bool | None = None) -> dict:
     """Return the hydration DTO.
 
-    Shape: ``{"threadId", "messages": [{id, role, text, createdAt}], "summaryPreview"?,
-    "pinnedDecisions": [str], "restored": bool}``; ``summaryPreview`` is the first 240
-    characters of the summary and is absent when the summary is empty.
+    Shape: ``{"threadId", "messages": [{id, role, text, createdAt}], "summaryPreview"?, "summary"?,
+    "pinnedDecisions": [str], "modelNotes"?: [str], "restored": bool}``; ``summaryPreview`` is
+    the first 240 characters of the summary and ``summary`` the whole of it (at most
+    ``MEMORY_SUMMARY_MAX_CHARS``), both absent when the summary is empty;
+    ``pinnedDecisions`` are the person's; ``modelNotes`` (what compactions proposed to
+    remember) is absent when there are none.
     """
     dto = {
         "threadId": thread_id,
@@ -74,6 +77,9 @@ def build_hydration(thread_id: str, state: ThreadState, *, restored: bool | None
     }
     if state.summary:
         dto["summaryPreview"] = state.summary[:SUMMARY_PREVIEW_CHARS]
+        dto["summary"] = state.summary
+    if state.notes:
+        dto["modelNotes"] = list(state.notes)
     return dto
 
 

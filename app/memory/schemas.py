@@ -1,8 +1,8 @@
-"""marshmallow 4 schemas: the stored state, the compaction output, the hydration DTO.
+"""marshmallow 4 schemas: the stored state.
 
 Unknown keys are rejected everywhere (marshmallow's ``RAISE``), so a message
-with an extra key such as ``source`` or ``turnId`` never passes (acceptance P2,
-P4).  Limits come from ``MemoryLimits``; build schemas with the functions at the
+with an extra key such as ``source`` or ``turnId`` never passes
+(docs/contract.md: ThreadState).  Limits come from ``MemoryLimits``; build schemas with the functions at the
 bottom, which cache one instance per limits value.
 """
 
@@ -14,6 +14,7 @@ from functools import lru_cache
 
 from marshmallow import RAISE, Schema, ValidationError, fields, validate, validates_schema
 
+from app.memory.limits import MemoryLimits
 from app.memory.state import PINNED_BY_MODEL, PINNED_BY_PERSON, ROLES
 
 THREAD_ID_RE = re.compile(r"^chat:[a-f0-9]{64}$")
@@ -43,7 +44,7 @@ class _Strict(Schema):
 
 
 class MessageSchema(_Strict):
-    """A stored message: exactly ``{id, role, text, createdAt}`` (contract: ThreadState)."""
+    """A stored message: exactly ``{id, role, text, createdAt}`` (docs/contract.md: ThreadState)."""
 
     id = fields.String(required=True, validate=validate.Regexp(MESSAGE_ID_RE))
     role = fields.String(required=True, validate=validate.OneOf(ROLES))
@@ -87,75 +88,55 @@ class PinSchema(_Strict):
 
 
 class StoredStateSchema(_Limited):
-    """The decoded thread hash: ``{messages, summary, pins, lastCompactedAt}``."""
+    """The decoded thread hash: ``{messages, summary, pins, notes, lastCompactedAt}``.
+
+    ``pins`` may hold, besides the person's pins, model pins written before notes existed
+    (they are read as notes), so the pin count is checked against ``pinned_max`` plus
+    ``notes_max``.
+    """
 
     messages = fields.List(fields.Nested(MessageSchema), required=True)
     summary = fields.String(required=True)
     pins = fields.List(fields.Nested(PinSchema), required=True)
+    notes = fields.List(fields.String(), load_default=list)
     lastCompactedAt = fields.String(load_default=None, allow_none=True, validate=_iso_utc)
 
-    @validates_schema
-    def _limits(self, data, **kwargs):
-        errors: dict = {}
-        self._check_summary(data.get("summary"), errors)
-        self._check_pin_texts([p["text"] for p in data.get("pins", [])], errors, "pins")
-        if errors:
-            raise ValidationError(errors)
-
-
-class CompactionOutputSchema(_Limited):
-    """What a compaction model may answer: exactly ``{summary, pinnedDecisions}`` (acceptance P2, P3)."""
-
-    summary = fields.String(required=True)
-    pinnedDecisions = fields.List(fields.String(), required=True)
+    def __init__(self, *, notes_max: int = 8, note_max_chars: int = 200, **kwargs):
+        self.notes_max = notes_max
+        self.note_max_chars = note_max_chars
+        super().__init__(**kwargs)
 
     @validates_schema
     def _limits(self, data, **kwargs):
         errors: dict = {}
         self._check_summary(data.get("summary"), errors)
-        self._check_pin_texts(data.get("pinnedDecisions", []), errors, "pinnedDecisions")
+        person = [p["text"] for p in data.get("pins", []) if p["by"] == PINNED_BY_PERSON]
+        self._check_pin_texts(person, errors, "pins")
+        notes = list(data.get("notes", [])) + [p["text"] for p in data.get("pins", []) if p["by"] != PINNED_BY_PERSON]
+        problems = []
+        for i, text in enumerate(notes):
+            if not text.strip() or text != text.strip():
+                problems.append(f"note {i + 1} must be trimmed and not blank")
+            elif len(text) > max(self.note_max_chars, self.pinned_max_chars):
+                problems.append(f"note {i + 1} is longer than {self.note_max_chars} characters")
+        if len(data.get("notes", [])) > self.notes_max:
+            problems.append(f"at most {self.notes_max} notes, got {len(data['notes'])}")
+        if problems:
+            errors["notes"] = problems
         if errors:
             raise ValidationError(errors)
 
 
-class HydrationSchema(_Limited):
-    """The DTO of ``GET /api/chat/thread`` (contract: HTTP; acceptance P13)."""
-
-    threadId = fields.String(required=True, validate=validate.Regexp(THREAD_ID_RE))
-    messages = fields.List(fields.Nested(MessageSchema), required=True)
-    summaryPreview = fields.String(validate=validate.Length(min=1, max=SUMMARY_PREVIEW_CHARS))
-    pinnedDecisions = fields.List(fields.String(), required=True)
-    restored = fields.Boolean(required=True)
-
-    @validates_schema
-    def _limits(self, data, **kwargs):
-        errors: dict = {}
-        self._check_pin_texts(data.get("pinnedDecisions", []), errors, "pinnedDecisions")
-        if errors:
-            raise ValidationError(errors)
-
-
-def _limit_kwargs(limits) -> dict:
+def _limit_kwargs(limits: MemoryLimits) -> dict:
     return {"summary_max_chars": limits.summary_max_chars, "pinned_max": limits.pinned_max,
             "pinned_max_chars": limits.pinned_max_chars}
 
 
 @lru_cache(maxsize=16)
-def stored_state_schema(limits) -> StoredStateSchema:
-    """Return the stored-state schema for ``limits`` (a ``MemoryLimits``)."""
-    return StoredStateSchema(**_limit_kwargs(limits))
-
-
-@lru_cache(maxsize=16)
-def compaction_output_schema(limits) -> CompactionOutputSchema:
-    """Return the compaction-output schema for ``limits`` (a ``MemoryLimits``)."""
-    return CompactionOutputSchema(**_limit_kwargs(limits))
-
-
-@lru_cache(maxsize=16)
-def hydration_schema(limits) -> HydrationSchema:
-    """Return the hydration DTO schema for ``limits`` (a ``MemoryLimits``)."""
-    return HydrationSchema(**_limit_kwargs(limits))
+def stored_state_schema(limits: MemoryLimits) -> StoredStateSchema:
+    """Return the stored-state schema for ``limits``."""
+    return StoredStateSchema(notes_max=limits.notes_max, note_max_chars=limits.note_max_chars,
+                             **_limit_kwargs(limits))
 
 
 MESSAGE_SCHEMA = MessageSchema()

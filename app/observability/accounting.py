@@ -36,7 +36,8 @@ SHA_CHARS = 16
 PUBLIC_TURN_FIELDS = ("messageId", "status", "at", "promptTokens", "sections", "completionTokens",
                       "completionTokensSource", "budget", "firstTokenMs")
 COMPACTION_FIELDS = ("at", "outcome", "reason", "turnsFolded", "tokensBefore", "tokensAfter", "summaryChars",
-                     "pinsCount", "factRetention", "durationMs")
+                     "notesCount", "factRetention", "factsChecked", "factsDropped", "factsSkipped", "unreadShare",
+                     "durationMs")
 
 
 def content_sha(text: str) -> str:

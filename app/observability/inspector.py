@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from app.memory.context import format_pins, format_summary
 from app.memory.state import ThreadState
+from app.memory.status import writes_memory
 from app.observability.accounting import content_sha
 
 NOTE_FOLDED = "Folded into the summary since this turn."
@@ -42,7 +43,7 @@ def resolve_prompt(record: dict, state: ThreadState, system_prompt: str) -> list
         system_prompt: the deployment's system prompt.
     """
     by_id = {m.id: m for m in state.messages}
-    written = record.get("status") in ("completed", "blocked")
+    written = writes_memory(record.get("status"))
     out = []
     for entry in record.get("prompt") or []:
         origin = entry.get("origin")

@@ -125,7 +125,7 @@ def observe_feedback(rating: str, reason: str | None) -> None:
 
 
 def observe_pin_request(action: str, result: str) -> None:
-    """Count a pin (``pin``) or unpin (``unpin``) request by its result (``ok`` or the error code)."""
+    """Count a pin request (``pin``, ``unpin``, ``promote_note``, ``remove_note``) by its result (``ok`` or the error code)."""
     PIN_REQUESTS.labels(category(action), category(result)).inc()
 
 
@@ -234,9 +234,11 @@ def observe_compaction(client, record: dict) -> bool:
     return _hincr(client, fields)
 
 
-def remember_redis_url(url: str) -> None:
-    """The store's URL, for the worker sink (set when the Flask app registers the API blueprint)."""
+def remember_redis_url(url: str, cluster: bool = False) -> None:
+    """The store's URL (a cluster's seed with ``cluster``), for the worker sink (set when the Flask app
+    registers the API blueprint)."""
     _worker["url"] = url
+    _worker["cluster"] = cluster
 
 
 def _connect_worker_signal() -> None:
@@ -256,7 +258,8 @@ def _connect_worker_signal() -> None:
             return
         try:
             from app.store.redis_client import make_redis
-            use_worker_sink(make_redis(_worker["url"], max_connections=4, socket_timeout=2.0))
+            use_worker_sink(make_redis(_worker["url"], cluster=_worker.get("cluster", False), max_connections=4,
+                                       socket_timeout=2.0))
         except Exception:
             log.warning("worker metrics sink not configured", exc_info=True)
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 
+from app.memory.text import clip_to_tokens
+
 TRUNCATED = "\n[cut to fit the model's context]"
 
 
@@ -42,19 +44,4 @@ class Room:
 
     def clip(self, text: str, max_tokens: int) -> str:
         """``text`` cut (with a notice) to at most ``max_tokens`` tokens; "" when there is no room."""
-        if max_tokens <= 0:
-            return ""
-        if self.counter.count(text) <= max_tokens:
-            return text
-        keep = max_tokens - self.counter.count(TRUNCATED)
-        if keep <= 0:
-            return ""
-        cut = text[: keep * 4]
-        while cut and self.counter.count(cut) > keep:
-            cut = cut[: int(len(cut) * 0.85)]
-        return cut.rstrip() + TRUNCATED
-
-
-def clip_text(counter, text: str, max_tokens: int) -> str:
-    """``Room.clip`` without a room: ``text`` cut to ``max_tokens`` tokens."""
-    return Room(counter, 0, 0).clip(text, max_tokens)
+        return clip_to_tokens(text, max_tokens, self.counter.count, mark=TRUNCATED)

@@ -4,7 +4,7 @@ Stages (one model call each; outputs kept in the run state ``run:{hex}:<run id>`
 
     plan    plain answer: the approach
     build   plain answer: the work itself, following the plan
-    review  structured answer {"verdict": "approved"|"blocked", "report": Markdown}
+    review  structured answer ``DeliveryReview``: {"verdict": "approved"|"blocked", "report": Markdown}
 
 The review's report is streamed to the person and is the run's final text: ``completed``
 when approved, ``blocked`` otherwise.  Memory keeps the goal and that report (source
@@ -16,12 +16,16 @@ the run state.
 
 from __future__ import annotations
 
+from pydantic import BaseModel, field_validator
 
-from app.chat.turn import ProducerResult, TurnIO
+from app.llm.answers import one_of, text
 from app.llm.provider import LLMError
+from app.memory.status import TurnStatus
 from app.runtime.budget import Room
-from app.runtime.llm_calls import complete_json, complete_text
+from app.runtime.llm_calls import complete_text, structured_answer
+from app.runtime.producer import ProducerResult, TurnIO, run_state_unavailable
 from app.runtime.run_store import Run, RunStore, new_run_id
+from app.store.thread_store import StoreUnavailable
 
 
 SOURCE = "delivery-chain"
@@ -30,11 +34,6 @@ REPORT_HEADER = "# Delivery Report"
 DELTA_CHARS = 400  # the report is streamed in pieces of this many characters
 MAX_STAGE_OUTPUT_CHARS = 20000
 
-REVIEW_SCHEMA = {
-    "type": "object",
-    "properties": {"verdict": {"type": "string", "enum": ["approved", "blocked"]}, "report": {"type": "string"}},
-    "required": ["verdict", "report"], "additionalProperties": False,
-}
 PLANNER = "You are the planning stage of a delivery workflow. Write a short plan (a few steps) for the goal."
 BUILDER = "You are the build stage of a delivery workflow. Carry out the plan for the goal and give the result."
 REVIEWER = (f"You are the review stage of a delivery workflow. Check the build against the goal. Answer verdict "
@@ -43,21 +42,21 @@ REVIEWER = (f"You are the review stage of a delivery workflow. Check the build a
 STAGE_MESSAGES = {"plan": "Planning", "build": "Building", "review": "Reviewing"}
 
 
-def validate_review(value: dict) -> dict:
-    """A review as ``{"verdict", "report"}`` (the report starting with ``REPORT_HEADER``).
+Verdict = one_of("verdict", "approved", "blocked")
+Report = text("report", non_blank=True)
 
-    Raises:
-        ValueError: unknown verdict or a blank report.
-    """
-    verdict, report = value.get("verdict"), value.get("report")
-    if verdict not in ("approved", "blocked"):
-        raise ValueError('verdict must be "approved" or "blocked"')
-    if not isinstance(report, str) or not report.strip():
-        raise ValueError("report must be a non-empty string")
-    report = report.strip()
-    if not report.startswith(REPORT_HEADER):
-        report = f"{REPORT_HEADER}\n\n{report}"
-    return {"verdict": verdict, "report": report}
+
+class DeliveryReview(BaseModel):
+    """The review stage's answer: ``{"verdict": "approved"|"blocked", "report"}``; the report is trimmed
+    and starts with ``REPORT_HEADER`` (added when the model left it out)."""
+
+    verdict: Verdict
+    report: Report
+
+    @field_validator("report")
+    @classmethod
+    def _headed(cls, report: str) -> str:
+        return report if report.startswith(REPORT_HEADER) else f"{REPORT_HEADER}\n\n{report}"
 
 
 class DeliveryProducer:
@@ -73,14 +72,25 @@ class DeliveryProducer:
         self.goal = goal
 
     def run(self, io: TurnIO) -> ProducerResult:
-        """Run the stages; returns ``completed``, ``blocked`` or ``cancelled`` (raises ``LLMError`` on failure)."""
+        """Run the stages; returns ``completed``, ``blocked`` or ``cancelled``.
+
+        Raises:
+            LLMError: the provider failed, or the review was unusable (the run is marked ``failed``).
+            ProducerError: the run state is unreachable.
+        """
+        try:
+            return self._run(io)
+        except StoreUnavailable:
+            raise run_state_unavailable() from None
+
+    def _run(self, io: TurnIO) -> ProducerResult:
         store = RunStore(io.services.redis, io.thread_id)
         run = Run(new_run_id(), "delivery", self.goal, status="running", state={"stage": None})
         store.save(run)
         try:
             return self._stages(io, store, run)
         except LLMError:
-            run.status = "failed"
+            run.status = TurnStatus.FAILED
             run.checkpoint(run.state.get("stage") or "start", "failed")
             store.save_quietly(run)
             raise
@@ -105,17 +115,16 @@ class DeliveryProducer:
             elif stage == "build":
                 outputs[stage] = complete_text(io.services, self._prompt(io, BUILDER, [("Plan", outputs["plan"])]))
             else:
-                review = complete_json(io.services, self._prompt(io, REVIEWER, [
-                    ("Plan", outputs["plan"]), ("Build", outputs["build"])]),
-                    name="delivery_review", schema=REVIEW_SCHEMA, validate=validate_review)
-                outputs[stage] = review["verdict"]
+                review = structured_answer(io.services, self._prompt(io, REVIEWER, [
+                    ("Plan", outputs["plan"]), ("Build", outputs["build"])]), DeliveryReview, name="delivery_review")
+                outputs[stage] = review.verdict
             if io.cancelled.is_set():
                 return self._cancel(store, run)
             run.state[stage] = outputs[stage][:MAX_STAGE_OUTPUT_CHARS]
             run.checkpoint(stage, "done")
             store.save(run)
-        status = "completed" if review["verdict"] == "approved" else "blocked"
-        report = review["report"]
+        status = TurnStatus.COMPLETED if review.verdict == "approved" else TurnStatus.BLOCKED
+        report = review.report
         for start in range(0, len(report), DELTA_CHARS):
             if not io.delta(report[start:start + DELTA_CHARS]):
                 return self._cancel(store, run)
@@ -126,7 +135,7 @@ class DeliveryProducer:
 
     @staticmethod
     def _cancel(store: RunStore, run: Run) -> ProducerResult:
-        run.status = "cancelled"
+        run.status = TurnStatus.CANCELLED
         run.checkpoint(run.state.get("stage") or "start", "cancelled")
         store.save_quietly(run)
-        return ProducerResult("cancelled", "", SOURCE)
+        return ProducerResult(TurnStatus.CANCELLED, "", SOURCE)

@@ -1,4 +1,4 @@
-"""Which producer answers a message, and the runtime's own writer of a finished run.
+"""Which producer answers a message.
 
 ``choose_producer(services, thread_id, text)`` (called by ``/ws/chat`` for each message):
 
@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import re
 
-from app.chat.turn import ChatProducer
-from app.memory.final_turn import FinalTurn
 from app.runtime.capabilities import tools_enabled
+from app.runtime.chat import ChatProducer
 from app.runtime.delivery import DeliveryProducer
 from app.runtime.run_store import RunStore
 from app.runtime.tasklist import DropTaskListProducer, TaskListProducer
@@ -75,27 +74,3 @@ def choose_producer(services, thread_id: str, text: str):
     if is_confirmation(text) and RunStore(services.redis, thread_id).paused_id() is not None:
         return TaskListProducer(None)
     return ToolChatProducer() if tools_enabled(services) else ChatProducer()
-
-
-def commit_recorded_final(services, thread_id: str, run_id: str):
-    """Write a finished run's final turn from its run record (idempotent).
-
-    The runtime's own observer of a completion: the run recorded its final answer with
-    the ids of the turn that finished it, so writing it again after the turn runner did
-    (or instead of it, when the web process stopped in between) adds nothing twice: the
-    store deduplicates by message id.
-
-    Returns:
-        The store's ``CommitResult``, or None when the run is unknown or did not finish
-        with a written status.
-
-    Raises:
-        TurnRejected, StoreUnavailable: as ``ThreadStore.commit_final_turn``.
-    """
-    run = RunStore(services.redis, thread_id).load(run_id)
-    final = run.final if run else None
-    if not final or final.get("status") not in ("final", "completed", "blocked"):
-        return None
-    return services.store.commit_final_turn(thread_id, FinalTurn(
-        final["userText"], final["text"], final["status"], final["source"],
-        user_id=final["userId"], assistant_id=final["assistantId"]))

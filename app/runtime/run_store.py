@@ -4,7 +4,7 @@ One Redis hash per run, ``run:{<thread hex>}:<run id>`` (built by ``ThreadKeys.r
 its own TTL (``RUN_TTL_SECONDS``, refreshed by every save; memory writes never touch it)::
 
     kind         "tasklist" | "delivery"
-    status       planning | running | paused | final | completed | blocked | failed | cancelled
+    status       planning | running | a ``TurnStatus``: paused, final, completed, blocked, failed, cancelled
     goal         the person's goal
     state        JSON: the plan, progress, stage outputs, what a pause waits for
     checkpoints  JSON list of {"step", "status", "at"} (the last ``MAX_CHECKPOINTS``)
@@ -16,6 +16,7 @@ its own TTL (``RUN_TTL_SECONDS``, refreshed by every save; memory writes never t
 
 Only ``app.runtime`` reads these keys.  Hydration and prompt assembly read the
 ThreadState hash alone, so nothing here can reach a browser or a later prompt.
+Redis failures raise ``StoreUnavailable``, as the ThreadState store's do.
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ from dataclasses import dataclass, field
 
 import redis
 
-from app.llm.provider import LLMError
 from app.memory.state import utc_now_iso
+from app.memory.status import TurnStatus
 from app.store.keys import ThreadKeys
+from app.store.thread_store import StoreUnavailable
 
 RUN_TTL_SECONDS = 86400  # a paused task list can be resumed for a day
 MAX_CHECKPOINTS = 50
@@ -42,10 +44,8 @@ def new_run_id() -> str:
 log = logging.getLogger(__name__)
 
 
-def state_unavailable() -> LLMError:
-    """The error of a run whose state cannot be read or written (Redis down)."""
-    return LLMError("runtime_unavailable", "Task state is unavailable right now. Please try again.",
-                    "unavailable", False)
+def _unavailable(exc: redis.RedisError) -> StoreUnavailable:
+    return StoreUnavailable(f"{type(exc).__name__}: {exc}")
 
 
 @dataclass
@@ -94,8 +94,7 @@ class RunStore:
         thread_id: the thread the runs belong to.
         ttl_seconds: expiry of a run's keys, refreshed on every save.
 
-    Every Redis failure surfaces as ``LLMError`` code ``runtime_unavailable`` (the turn fails
-    with a message for people; nothing is written to memory).
+    Every Redis failure raises ``StoreUnavailable`` (its text is for logs only).
     """
 
     def __init__(self, client: redis.Redis, thread_id: str, ttl_seconds: int = RUN_TTL_SECONDS):
@@ -112,16 +111,22 @@ class RunStore:
             pipe.hset(name, mapping=run.to_hash())
             pipe.expire(name, self.ttl)
             pipe.execute()
-        except redis.RedisError:
-            raise state_unavailable() from None
+        except redis.RedisError as exc:
+            raise _unavailable(exc) from exc
 
-    def finish(self, run: Run, *, status: str, text: str, source: str, user_text: str, step: str,
+    def finish(self, run: Run, *, status: TurnStatus, text: str, source: str, user_text: str, step: str,
                user_id: str, assistant_id: str) -> None:
-        """Mark ``run`` finished (``final``/``completed``/``blocked``) with the final turn it produced, and save.
+        """Mark ``run`` finished with the final turn it produced, and save.
 
         ``run.final`` keeps the exact turn (texts and stable ids) so a second observer can write it
-        again harmlessly: the memory core's dedupe drops it (issue 6 item 5).
+        again harmlessly: the store's dedupe by message id drops it.
+
+        Raises:
+            ValueError: ``status`` does not write memory (``TurnStatus.writes_memory``).
+            StoreUnavailable: Redis failed.
         """
+        if not TurnStatus(status).writes_memory:
+            raise ValueError(f"a run finishing {status} writes no final turn")
         run.status = status
         run.final = {"status": status, "source": source, "userText": user_text, "text": text,
                      "userId": user_id, "assistantId": assistant_id}
@@ -132,15 +137,15 @@ class RunStore:
         """``save``, logging instead of raising when the store fails (a run that is ending anyway)."""
         try:
             self.save(run)
-        except LLMError:  # state_unavailable()
+        except StoreUnavailable:
             log.warning("run %s: state not saved", run.id)
 
     def load(self, run_id: str) -> Run | None:
         """The run, or None when it is unknown or expired."""
         try:
             raw = self.redis.hgetall(self.keys.run(run_id))
-        except redis.RedisError:
-            raise state_unavailable() from None
+        except redis.RedisError as exc:
+            raise _unavailable(exc) from exc
         if not raw:
             return None
         try:
@@ -152,8 +157,8 @@ class RunStore:
         """Make ``run_id`` the thread's run waiting for confirmation (replacing any other)."""
         try:
             self.redis.set(self.keys.paused_run, run_id, ex=self.ttl)
-        except redis.RedisError:
-            raise state_unavailable() from None
+        except redis.RedisError as exc:
+            raise _unavailable(exc) from exc
 
     def paused_id(self) -> str | None:
         """The id of the run waiting for confirmation, without claiming it (None on failure)."""
@@ -166,8 +171,8 @@ class RunStore:
         """Claim the run waiting for confirmation (atomic GETDEL: two resumes cannot both get it)."""
         try:
             return self.redis.getdel(self.keys.paused_run)
-        except redis.RedisError:
-            raise state_unavailable() from None
+        except redis.RedisError as exc:
+            raise _unavailable(exc) from exc
 
     def drop_paused(self) -> str | None:
         """Forget the waiting run: mark it cancelled and release it; returns its id (or None)."""

@@ -11,7 +11,8 @@ When it pauses (``paused``: nothing written; the turn's done frame says ``paused
 The person continues with ``/tasklist continue`` (or a bare "yes" / "continue" / "ok" ...),
 or drops the run with ``/tasklist cancel``.  A new ``/tasklist <goal>`` replaces a waiting run.
 
-Each task is one structured model call answering ``{"status": "done"|"blocked", "output"}``.
+The plan is one structured model call answering ``TaskPlan``; each task is one answering
+``TaskResult`` (``{"status": "done"|"blocked", "output"}``).
 The run ends with one streamed model call writing a short final answer; that answer is the
 only assistant text memory keeps, with the goal as the user text (source ``tasklist-agent``).
 The task list, its Markdown artifact, task outputs and checkpoints stay in the run state.
@@ -19,13 +20,18 @@ The task list, its Markdown artifact, task outputs and checkpoints stay in the r
 
 from __future__ import annotations
 
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from app.chat.turn import ProducerResult, TurnIO
+from app.llm.answers import one_of, text
 from app.llm.provider import LLMError
+from app.memory.status import TurnStatus
 from app.runtime.budget import Room
-from app.runtime.llm_calls import complete_json, invalid_answer, stream_text
+from app.runtime.chat import stream_reply
+from app.llm.structured import invalid_answer
+from app.runtime.llm_calls import call_deadline, structured_answer
+from app.runtime.producer import ProducerError, ProducerResult, TurnIO, run_state_unavailable
 from app.runtime.run_store import Run, RunStore, new_run_id
-
+from app.store.thread_store import StoreUnavailable
 
 SOURCE = "tasklist-agent"
 MAX_TASKS = 6
@@ -34,19 +40,6 @@ MAX_TITLE_CHARS = 200
 MAX_OUTPUT_CHARS = 4000   # a task's output kept in the run state (characters)
 NOTES_SHARE = 0.5         # share of the free prompt room that task notes may take
 
-PLAN_SCHEMA = {
-    "type": "object",
-    "properties": {"tasks": {"type": "array", "minItems": 1, "maxItems": MAX_TASKS, "items": {
-        "type": "object",
-        "properties": {"title": {"type": "string"}, "needsConfirmation": {"type": "boolean"}},
-        "required": ["title", "needsConfirmation"], "additionalProperties": False}}},
-    "required": ["tasks"], "additionalProperties": False,
-}
-TASK_SCHEMA = {
-    "type": "object",
-    "properties": {"status": {"type": "string", "enum": ["done", "blocked"]}, "output": {"type": "string"}},
-    "required": ["status", "output"], "additionalProperties": False,
-}
 PLANNER = ("Plan the person's goal as a short list of 1 to {max} concrete tasks, in order. "
            "Set needsConfirmation to true for a task that changes something outside this chat "
            "or needs the person's decision before it is done; otherwise false.")
@@ -59,41 +52,66 @@ BLOCKER = ("The task list for the person's goal stopped: a task could not be don
            "briefly what was achieved and what is missing, in a few sentences. Do not repeat the task list.")
 
 
-def validate_plan(value: dict) -> list[dict]:
-    """The planner's tasks as ``[{"title", "needsConfirmation"}]``.
+class PlannedTask(BaseModel):
+    """One task of a plan: ``{"title", "needsConfirmation"}``; the title's white space is collapsed and
+    it is cut to ``MAX_TITLE_CHARS`` characters; a missing ``needsConfirmation`` is false."""
 
-    Raises:
-        ValueError: not 1 to ``MAX_TASKS`` tasks with non-blank titles.
-    """
-    tasks = value.get("tasks")
-    if not isinstance(tasks, list) or not tasks:
-        raise ValueError("tasks must be a non-empty list")
-    if len(tasks) > MAX_TASKS:
-        raise ValueError(f"at most {MAX_TASKS} tasks")
-    plan = []
-    for task in tasks:
-        if not isinstance(task, dict) or not isinstance(task.get("title"), str) or not task["title"].strip():
+    model_config = ConfigDict(populate_by_name=True)
+
+    title: str = Field(default="", validate_default=True)
+    needs_confirmation: bool = Field(default=False, alias="needsConfirmation")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _an_object(cls, value):
+        if not isinstance(value, dict):
             raise ValueError("every task needs a non-empty title")
-        confirm = task.get("needsConfirmation", False)
-        if not isinstance(confirm, bool):
+        return value
+
+    @field_validator("title", mode="before")
+    @classmethod
+    def _title(cls, value):
+        if not isinstance(value, str) or not value.strip():
+            raise ValueError("every task needs a non-empty title")
+        return " ".join(value.split())[:MAX_TITLE_CHARS]
+
+    @field_validator("needs_confirmation", mode="before")
+    @classmethod
+    def _boolean(cls, value):
+        if not isinstance(value, bool):
             raise ValueError("needsConfirmation must be true or false")
-        plan.append({"title": " ".join(task["title"].split())[:MAX_TITLE_CHARS], "needsConfirmation": confirm})
-    return plan
+        return value
 
 
-def validate_task_result(value: dict) -> dict:
-    """A worker's answer as ``{"status": "done"|"blocked", "output"}``.
+class TaskPlan(BaseModel):
+    """The planner's answer: ``{"tasks": [PlannedTask]}`` with 1 to ``MAX_TASKS`` tasks."""
 
-    Raises:
-        ValueError: an unknown status or a missing output.
-    """
-    status = value.get("status")
-    output = value.get("output")
-    if status not in ("done", "blocked"):
-        raise ValueError('status must be "done" or "blocked"')
-    if not isinstance(output, str):
-        raise ValueError("output must be a string")
-    return {"status": status, "output": output.strip()[:MAX_OUTPUT_CHARS]}
+    tasks: list[PlannedTask] = Field(default=None, validate_default=True, min_length=1, max_length=MAX_TASKS)
+
+    @field_validator("tasks", mode="before")
+    @classmethod
+    def _count(cls, value):
+        if not isinstance(value, list) or not value:
+            raise ValueError("tasks must be a non-empty list")
+        if len(value) > MAX_TASKS:
+            raise ValueError(f"at most {MAX_TASKS} tasks")
+        return value
+
+    def as_state(self) -> list[dict]:
+        """The tasks as kept in the run state: ``[{"title", "needsConfirmation"}]``."""
+        return [task.model_dump(by_alias=True) for task in self.tasks]
+
+
+TaskStatus = one_of("status", "done", "blocked")
+TaskOutput = text("output", max_chars=MAX_OUTPUT_CHARS)
+
+
+class TaskResult(BaseModel):
+    """A worker's answer: ``{"status": "done"|"blocked", "output"}``; the output is trimmed and cut to
+    ``MAX_OUTPUT_CHARS`` characters."""
+
+    status: TaskStatus
+    output: TaskOutput
 
 
 def render_artifact(run: Run) -> str:
@@ -130,7 +148,18 @@ class TaskListProducer:
     # -- entry ----------------------------------------------------------------------------------
 
     def run(self, io: TurnIO) -> ProducerResult:
-        """Start or resume a run; returns ``final``, ``blocked``, ``paused`` or ``cancelled``."""
+        """Start or resume a run; returns ``final``, ``blocked``, ``paused`` or ``cancelled``.
+
+        Raises:
+            LLMError: the provider failed (the run is marked ``failed``).
+            ProducerError: no run waits to be resumed, or the run state is unreachable.
+        """
+        try:
+            return self._run(io)
+        except StoreUnavailable:
+            raise run_state_unavailable() from None
+
+    def _run(self, io: TurnIO) -> ProducerResult:
         store = RunStore(io.services.redis, io.thread_id, **({"ttl_seconds": self.store_ttl} if self.store_ttl else {}))
         if self.goal is None:
             run = self._resume(store)
@@ -140,14 +169,14 @@ class TaskListProducer:
             try:
                 self._plan(io, store, run)
             except LLMError:
-                run.status = "failed"
+                run.status = TurnStatus.FAILED
                 run.checkpoint("plan", "failed")
                 store.save_quietly(run)
                 raise
         try:
             return self._work(io, store, run)
         except LLMError:
-            run.status = "failed"
+            run.status = TurnStatus.FAILED
             run.checkpoint(f"task:{run.state.get('next', 0)}", "failed")
             store.save_quietly(run)
             raise
@@ -155,8 +184,8 @@ class TaskListProducer:
     def _resume(self, store: RunStore) -> Run:
         run_id = store.take_paused()
         run = store.load(run_id) if run_id else None
-        if run is None or run.kind != "tasklist" or run.status != "paused":
-            raise LLMError("nothing_to_resume", "There is no paused task list to continue.", "bad_request", False)
+        if run is None or run.kind != "tasklist" or run.status != TurnStatus.PAUSED:
+            raise ProducerError("nothing_to_resume", "There is no paused task list to continue.")
         awaiting = run.state.pop("awaiting", None) or {}
         if awaiting.get("kind") == "plan":
             run.state["planConfirmed"] = True
@@ -186,7 +215,7 @@ class TaskListProducer:
         messages = self._memory(io) + [
             {"role": "system", "content": PLANNER.format(max=MAX_TASKS)},
             {"role": "user", "content": f"Goal: {run.goal}"}]
-        tasks = complete_json(io.services, messages, name="task_plan", schema=PLAN_SCHEMA, validate=validate_plan)
+        tasks = structured_answer(io.services, messages, TaskPlan, name="task_plan").as_state()
         run.state = {"tasks": tasks, "next": 0, "results": [], "confirmed": [], "planConfirmed": False}
         run.status = "running"
         run.checkpoint("plan", "done")
@@ -210,7 +239,7 @@ class TaskListProducer:
                 return self._cancel(store, run)
             index = run.state["next"]
             if index >= len(tasks):
-                return self._finish(io, store, run, "final")
+                return self._finish(io, store, run, TurnStatus.FINAL)
             gate = self._gate(run, index)
             if gate:
                 return self._pause(io, store, run, gate)
@@ -219,8 +248,7 @@ class TaskListProducer:
                 {"role": "system", "content": WORKER},
                 {"role": "user", "content": f"Goal: {run.goal}\n\nDone so far:\n{self._notes(io, run, index)}\n\n"
                                             f"Current task ({index + 1} of {len(tasks)}): {tasks[index]['title']}"}]
-            result = complete_json(io.services, messages, name="task_result", schema=TASK_SCHEMA,
-                                   validate=validate_task_result)
+            result = structured_answer(io.services, messages, TaskResult, name="task_result").model_dump()
             if io.cancelled.is_set():
                 return self._cancel(store, run)
             run.state["results"] = run.state["results"][:index] + [result]
@@ -229,7 +257,7 @@ class TaskListProducer:
                 run.checkpoint(f"task:{index}", "blocked")
                 run.artifact = render_artifact(run)
                 store.save(run)
-                return self._finish(io, store, run, "blocked")
+                return self._finish(io, store, run, TurnStatus.BLOCKED)
             run.state["next"] = index + 1
             run.checkpoint(f"task:{index}", "done")
             run.artifact = render_artifact(run)
@@ -237,7 +265,7 @@ class TaskListProducer:
 
     def _pause(self, io: TurnIO, store: RunStore, run: Run, gate: dict) -> ProducerResult:
         run.state["awaiting"] = gate
-        run.status = "paused"
+        run.status = TurnStatus.PAUSED
         run.checkpoint("plan" if gate["kind"] == "plan" else f"task:{gate['index']}", "paused")
         run.artifact = render_artifact(run)
         store.save(run)
@@ -252,20 +280,21 @@ class TaskListProducer:
                    "Nothing of this task list is saved to memory until it finishes.")
         io.emit({"type": "progress", "stage": "waiting", "message": "Waiting for your confirmation"})
         io.delta(message)
-        return ProducerResult("paused", message, SOURCE, user_text=run.goal)
+        return ProducerResult(TurnStatus.PAUSED, message, SOURCE, user_text=run.goal)
 
-    def _finish(self, io: TurnIO, store: RunStore, run: Run, status: str) -> ProducerResult:
+    def _finish(self, io: TurnIO, store: RunStore, run: Run, status: TurnStatus) -> ProducerResult:
         io.emit({"type": "progress", "stage": "summary", "message": "Writing the final answer"})
         done = run.state["next"]
         notes = self._notes(io, run, len(run.state.get("results", [])))
-        situation = FINISHER if status == "final" else BLOCKER
+        situation = FINISHER if status == TurnStatus.FINAL else BLOCKER
         messages = self._memory(io) + [
             {"role": "system", "content": situation},
             {"role": "user", "content": f"Goal: {run.goal}\n\nTask results ({done} of {len(run.state['tasks'])} "
                                         f"done):\n{notes}"}]
-        text, completed = stream_text(io.services, messages, delta=io.delta, cancelled=io.cancelled, stats=io.stats)
-        if not completed:
+        reply = stream_reply(io, messages, deadline=call_deadline(io.services.settings))
+        if reply.cancelled:
             return self._cancel(store, run)
+        text = reply.text
         if not text.strip():
             raise invalid_answer()
         store.finish(run, status=status, text=text, source=SOURCE, user_text=run.goal, step="final",
@@ -273,10 +302,10 @@ class TaskListProducer:
         return ProducerResult(status, text, SOURCE, user_text=run.goal)
 
     def _cancel(self, store: RunStore, run: Run) -> ProducerResult:
-        run.status = "cancelled"
+        run.status = TurnStatus.CANCELLED
         run.checkpoint(f"task:{run.state.get('next', 0)}", "cancelled")
         store.save_quietly(run)
-        return ProducerResult("cancelled", "", SOURCE, user_text=run.goal)
+        return ProducerResult(TurnStatus.CANCELLED, "", SOURCE, user_text=run.goal)
 
 
 class DropTaskListProducer:
@@ -285,6 +314,14 @@ class DropTaskListProducer:
     source = SOURCE
 
     def run(self, io: TurnIO) -> ProducerResult:
-        dropped = RunStore(io.services.redis, io.thread_id).drop_paused()
+        """Drop the waiting run and say so (``cancelled``).
+
+        Raises:
+            ProducerError: the run state is unreachable.
+        """
+        try:
+            dropped = RunStore(io.services.redis, io.thread_id).drop_paused()
+        except StoreUnavailable:
+            raise run_state_unavailable() from None
         io.delta("Dropped the paused task list." if dropped else "There was no paused task list.")
-        return ProducerResult("cancelled", "", SOURCE)
+        return ProducerResult(TurnStatus.CANCELLED, "", SOURCE)

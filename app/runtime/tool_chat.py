@@ -13,18 +13,19 @@ What the person was told (every streamed delta) is the final text; memory keeps 
 source ``tool`` (``mcp-resource`` when a resource was read; ``chat`` when no tool was
 called).  Tool arguments and results exist in frames and in this turn's prompt, never in
 memory.  A provider that answers the first request with a refusal naming tools gets plain
-chat, and the refusal is remembered for its base URL.
+chat, and the refusal is recorded for it (``app.runtime.capabilities``).
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 
-from app.chat.turn import ChatProducer, ProducerResult, TurnIO
 from app.llm.provider import LLMError
+from app.memory.status import TurnStatus
 from app.runtime import capabilities
 from app.runtime.budget import Room
+from app.runtime.chat import ChatProducer, ToolCall, stream_reply
+from app.runtime.producer import ProducerResult, TurnIO
 from app.runtime.tools import RESOURCE_SOURCE, TOOL_SOURCE, parse_arguments, run_tool, tool_specs
 
 log = logging.getLogger(__name__)
@@ -33,20 +34,6 @@ MAX_TOOL_ROUNDS = 4
 MAX_CALLS_PER_ROUND = 8
 MIN_RESULT_TOKENS = 32  # a tool result is never cut below this; it is refused instead
 MESSAGE_TOKENS = 8       # per-message overhead allowance for appended messages
-
-
-@dataclass
-class _Call:
-    id: str
-    name: str = ""
-    arguments: str = ""
-
-
-@dataclass
-class _Round:
-    content: str = ""
-    calls: dict = field(default_factory=dict)
-    cancelled: bool = False
 
 
 class ToolChatProducer:
@@ -71,28 +58,28 @@ class ToolChatProducer:
             if round_no == MAX_TOOL_ROUNDS:
                 extra["tool_choice"] = "none"  # enough tools: answer now
             try:
-                step = self._stream_round(io, messages, extra)
+                step = stream_reply(io, messages, new_paragraph=True, **extra)
             except LLMError as exc:
-                if round_no == 0 and not io.streamed_text and capabilities.rejects_feature(exc, capabilities.TOOLS):
-                    capabilities.mark_unsupported(io.services, capabilities.TOOLS)
+                if round_no == 0 and not io.streamed_text and capabilities.rejects_tools(exc):
+                    capabilities.mark_tools_refused(io.services)
                     return ChatProducer().run(io)
                 raise
-            if step.cancelled or io.cancelled.is_set():
-                return ProducerResult("cancelled", io.streamed_text, self._source(sources))
-            if not step.calls or round_no == MAX_TOOL_ROUNDS:
+            if step.cancelled:
+                return ProducerResult(TurnStatus.CANCELLED, io.streamed_text, self._source(sources))
+            if not step.tool_calls or round_no == MAX_TOOL_ROUNDS:
                 break
-            calls = [step.calls[i] for i in sorted(step.calls)][:MAX_CALLS_PER_ROUND]
-            assistant = {"role": "assistant", "content": step.content or None, "tool_calls": [
+            calls = [step.tool_calls[i] for i in sorted(step.tool_calls)][:MAX_CALLS_PER_ROUND]
+            assistant = {"role": "assistant", "content": step.text or None, "tool_calls": [
                 {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments or "{}"}}
                 for c in calls]}
             room.take(room.cost(assistant) + MESSAGE_TOKENS)
             messages.append(assistant)
             for call in calls:
                 if io.cancelled.is_set():
-                    return ProducerResult("cancelled", io.streamed_text, self._source(sources))
+                    return ProducerResult(TurnStatus.CANCELLED, io.streamed_text, self._source(sources))
                 result_message = self._run_call(io, call, room, sources)
                 messages.append(result_message)
-        return ProducerResult("completed", io.streamed_text, self._source(sources))
+        return ProducerResult(TurnStatus.COMPLETED, io.streamed_text, self._source(sources))
 
     @staticmethod
     def _source(sources: set[str]) -> str:
@@ -100,7 +87,7 @@ class ToolChatProducer:
             return RESOURCE_SOURCE
         return TOOL_SOURCE if sources else "chat"
 
-    def _run_call(self, io: TurnIO, call: _Call, room: Room, sources: set[str]) -> dict:
+    def _run_call(self, io: TurnIO, call: ToolCall, room: Room, sources: set[str]) -> dict:
         io.emit({"type": "tool", "id": call.id, "name": call.name, "arguments": parse_arguments(call.arguments)[0],
                  "status": "started"})
         outcome = run_tool(call.name, call.arguments)
@@ -118,35 +105,3 @@ class ToolChatProducer:
         io.emit({"type": "tool", "id": call.id, "name": call.name, "arguments": outcome.arguments,
                  "result": result, "status": "finished"})
         return {"role": "tool", "tool_call_id": call.id, "content": result}
-
-    @staticmethod
-    def _stream_round(io: TurnIO, messages: list[dict], extra: dict) -> _Round:
-        step = _Round()
-        separate = bool(io.streamed_text)  # text after a tool round starts a new paragraph
-        for chunk in io.services.llm.stream_chat(messages, cancelled=io.cancelled, deadline=io.deadline,
-                                                 stats=io.stats, **extra):
-            for choice in chunk.choices:
-                delta = choice.delta
-                if delta is None:
-                    continue
-                if delta.content:
-                    if separate and not io.streamed_text.endswith("\n"):
-                        io.delta("\n\n")
-                    separate = False
-                    if not io.delta(delta.content):
-                        step.cancelled = True
-                        return step
-                    step.content += delta.content
-                for part in delta.tool_calls or ():
-                    index = part.index if part.index is not None else len(step.calls)
-                    call = step.calls.get(index)
-                    if call is None:
-                        call = step.calls[index] = _Call(part.id or f"call_{len(step.calls) + 1}")
-                    elif part.id and not call.id:
-                        call.id = part.id
-                    if part.function is not None:
-                        if part.function.name:
-                            call.name += part.function.name
-                        if part.function.arguments:
-                            call.arguments += part.function.arguments
-        return step

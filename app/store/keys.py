@@ -1,20 +1,27 @@
 """Every Redis key name of the project, built here and nowhere else.
 
 Keys of one thread share the hash tag ``{<thread hex>}``, so on Redis Cluster
-they land in one hash slot and a Lua script may touch them together.
+they land in one hash slot and a Lua script may touch them together; no command
+or script of the project names keys of two threads, and nothing scans the keyspace.
 
 | key | type | holds |
 | --- | --- | --- |
-| ``mem:{hex}`` | hash | ``v``, ``gen``, ``messages`` (JSON), ``summary``, ``pins`` (JSON), ``lastCompactedAt`` |
+| ``mem:{hex}`` | hash | ``v``, ``gen``, ``clr`` (times cleared), ``messages`` (JSON), ``summary``, ``pins`` (JSON), ``notes`` (JSON), ``lastCompactedAt`` |
 | ``mem:{hex}:compacting`` | string, NX + EX | the one pending compaction (the version it saw) |
-| ``mem:{hex}:events`` | pub/sub channel | compaction status for open sockets |
+| ``mem:{hex}:events`` | pub/sub channel | compaction status for open sockets (a shard channel on a cluster: it lives in the thread's slot) |
 | ``mem:{hex}:stats`` | list, capped | per-turn token accounting (numbers only) |
 | ``mem:{hex}:compactions`` | list, capped | compaction history (numbers and outcomes only) |
 | ``mem:{hex}:feedback`` | list, capped | thumbs up/down per assistant message |
 | ``run:{hex}:<run id>`` | hash | tool, agent and workflow runtime state; never read by hydration or prompts |
 | ``run:{hex}:paused`` | string, EX | the id of the thread's task-list run waiting for confirmation |
-| ``caps:<sha256 of base URL, 24 hex>`` | hash, EX | what the model provider was found not to support (``tools``, ``json_schema``) |
+| ``caps:<sha256 of base URL, 24 hex>`` | hash, EX | what the model provider was found to refuse (``tools``, ``json_schema``, ``json_object_schema``; ``ProviderCaps``) |
 | ``obs:{metrics}:worker`` | hash | counters and duration buckets added by Celery workers (``app.observability.metrics``) |
+
+The last two are the only keys that belong to no thread.  On a cluster each is one key on one
+node: the provider record is read once per model call and written once per refusal; the worker
+hash takes one ``HINCRBY`` batch per compaction (a few thousand a second would be the first hot
+spot; split it per worker then).  Neither is memory: losing either in a failover loses counters or
+a remembered refusal, never a conversation.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ import hashlib
 
 from app.memory.schemas import THREAD_ID_RE
 
-EVENTS_PATTERN = "mem:{*}:events"
+EVENTS_PATTERN = "mem:{*}:events"  # one Redis only: a cluster has no pattern subscription on shard channels
 WORKER_METRICS_KEY = "obs:{metrics}:worker"
 
 

@@ -8,20 +8,23 @@ can degrade: reads give the empty state, commits are logged and skipped.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Callable
 
 import redis
 from marshmallow import ValidationError
 
 from app.memory.final_turn import FinalTurn, prepare_final_turn
 from app.memory.schemas import MESSAGE_SCHEMA, stored_state_schema
-from app.memory.state import Pin, ThreadMessage, ThreadState
-from app.settings import MemoryLimits
+from app.memory.limits import MemoryLimits
+from app.memory.state import PINNED_BY_PERSON, Pin, ThreadMessage, ThreadState
 from app.store.keys import ThreadKeys
+from app.store.redis_client import is_cluster, run_script_and_wait
 
 log = logging.getLogger(__name__)
 LUA_DIR = Path(__file__).with_name("lua")
@@ -44,12 +47,15 @@ class CommitResult:
         version: the thread's version after the call.
         message_count: messages stored after the call.
         messages: the two messages appended (also set for a duplicate).
+        cleared: True when nothing was written because the thread was cleared after the turn
+            started (the clear counter moved; ``lua/commit_turn.lua``).
     """
 
     appended: bool
     version: int
     message_count: int
     messages: tuple[ThreadMessage, ThreadMessage]
+    cleared: bool = False
 
 
 @dataclass(frozen=True)
@@ -65,25 +71,15 @@ def _dumps(value) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
-def _count_store_error(operation: str) -> None:
-    """Count a store error in the metrics (issue 7); never raises."""
-    try:
-        from app.observability.metrics import count_store_error
-        count_store_error(operation)
-    except Exception:  # observability never changes what the store does
-        log.debug("store error not counted", exc_info=True)
-
-
 def _guard(fn):
-    """Turn any Redis failure into ``StoreUnavailable``."""
-    def wrapper(*args, **kwargs):
+    """Turn any Redis failure of a ``ThreadStore`` method into ``StoreUnavailable``, telling ``on_error`` first."""
+    @functools.wraps(fn)
+    def wrapper(self: "ThreadStore", *args, **kwargs):
         try:
-            return fn(*args, **kwargs)
+            return fn(self, *args, **kwargs)
         except redis.RedisError as exc:
-            _count_store_error(fn.__name__)
+            self._report_error(fn.__name__)
             raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from exc
-    wrapper.__name__ = fn.__name__
-    wrapper.__doc__ = fn.__doc__
     return wrapper
 
 
@@ -91,7 +87,7 @@ _MESSAGE_FIELDS = frozenset(("id", "role", "text", "createdAt"))
 
 
 def _checked_message(data) -> ThreadMessage:
-    """A stored message checked with ``MessageSchema`` (exactly four fields; acceptance P4)."""
+    """A stored message checked with ``MessageSchema`` (exactly four fields; docs/contract.md: ThreadState)."""
     if not isinstance(data, dict) or data.keys() != _MESSAGE_FIELDS:
         raise ValueError("a stored message must have exactly id, role, text and createdAt")
     return _checked_message_values(data["id"], data["role"], data["text"], data["createdAt"])
@@ -104,11 +100,23 @@ def _checked_message_values(id_, role, text, created_at) -> ThreadMessage:
 
 
 @lru_cache(maxsize=2048)
-def _checked_meta(limits: MemoryLimits, summary: str, pins_json: str, last: str | None):
-    """Summary, pins and ``lastCompactedAt`` checked with the stored-state schema (its limits)."""
-    pins = json.loads(pins_json)
-    stored_state_schema(limits).load({"messages": [], "summary": summary, "pins": pins, "lastCompactedAt": last})
-    return summary, tuple(Pin(p["text"], p["by"]) for p in pins), last
+def _checked_meta(limits: MemoryLimits, summary: str, pins_json: str, notes_json: str, last: str | None):
+    """Summary, pins, notes and ``lastCompactedAt`` checked with the stored-state schema (its limits)."""
+    stored_state_schema(limits).load({"messages": [], "summary": summary, "pins": json.loads(pins_json),
+                                      "notes": json.loads(notes_json), "lastCompactedAt": last})
+    return _meta(limits, summary, pins_json, notes_json, last)
+
+
+def _meta(limits: MemoryLimits, summary: str, pins_json: str, notes_json: str, last: str | None):
+    """``(summary, pins, notes, lastCompactedAt)`` of a stored hash, without checks.
+
+    Pins a model wrote before notes existed (``by="model"``) are returned as notes, after the
+    stored notes, within ``limits.notes_max``.
+    """
+    pins, notes = json.loads(pins_json), json.loads(notes_json)
+    person = tuple(Pin(p["text"], p["by"]) for p in pins if p["by"] == PINNED_BY_PERSON)
+    legacy = [p["text"] for p in pins if p["by"] != PINNED_BY_PERSON]
+    return summary, person, tuple([*notes, *legacy][-limits.notes_max:]) if legacy else tuple(notes), last
 
 
 class ThreadStore:
@@ -119,17 +127,56 @@ class ThreadStore:
         limits: memory limits (the stored-state schema's bounds).
         ttl_seconds: sliding expiry of a thread's keys (``MEMORY_TTL_SECONDS``).
         validate_reads: check every loaded state against the stored-state schema.
+        on_error: called with the operation's name (``"load"``, ``"commit_messages"``, ...) on every
+            Redis failure, before ``StoreUnavailable`` is raised (the metrics count them); what it
+            raises is logged and dropped.  Also called with ``"wait_replicas"`` when a memory write
+            was acknowledged by fewer replicas than ``wait_replicas`` in time.
+        wait_replicas: after each memory write (commit, clear, compaction, pins), ``WAIT`` until this
+            many replicas have it (``MEMORY_WAIT_REPLICAS``; 0: do not wait).  The write stands either
+            way: fewer replicas in time is logged and reported to ``on_error``, not raised.
+        wait_timeout_ms: the longest that wait, milliseconds (``MEMORY_WAIT_TIMEOUT_MS``).
+
+    With a ``ClusterClient`` (``REDIS_CLUSTER=1``) every call goes to the master of the thread's
+    slot, and events are published with ``SPUBLISH`` (sharded pub/sub; README: Scale-out).
     """
 
-    def __init__(self, client: redis.Redis, limits: MemoryLimits, ttl_seconds: int, *, validate_reads: bool = True):
+    def __init__(self, client: redis.Redis, limits: MemoryLimits, ttl_seconds: int, *, validate_reads: bool = True,
+                 on_error: Callable[[str], None] | None = None, wait_replicas: int = 0, wait_timeout_ms: int = 100):
         self.redis = client
         self.limits = limits
         self.ttl = ttl_seconds
         self.validate_reads = validate_reads
+        self.on_error = on_error
+        self.wait_replicas = wait_replicas
+        self.wait_timeout_ms = wait_timeout_ms
+        self.sharded_events = is_cluster(client)
         self._commit = client.register_script((LUA_DIR / "commit_turn.lua").read_text())
         self._clear = client.register_script((LUA_DIR / "clear_thread.lua").read_text())
         self._apply = client.register_script((LUA_DIR / "apply_compaction.lua").read_text())
         self._set_pins = client.register_script((LUA_DIR / "set_pins.lua").read_text())
+        self._set_notes = client.register_script((LUA_DIR / "set_notes.lua").read_text())
+        self._release = client.register_script((LUA_DIR / "release_marker.lua").read_text())
+        self._record = client.register_script((LUA_DIR / "record_compaction.lua").read_text())
+
+    def _write(self, script, keys: list[str], args: list):
+        """Run a memory-writing script; with ``wait_replicas``, also ``WAIT`` on the same connection."""
+        if not self.wait_replicas:
+            return script(keys=keys, args=args)
+        answer, acknowledged = run_script_and_wait(self.redis, script, keys, args, replicas=self.wait_replicas,
+                                                   timeout_ms=self.wait_timeout_ms)
+        if acknowledged < self.wait_replicas:
+            log.warning("memory write acknowledged by %d of %d replicas within %d ms", acknowledged,
+                        self.wait_replicas, self.wait_timeout_ms)
+            self._report_error("wait_replicas")
+        return answer
+
+    def _report_error(self, operation: str) -> None:
+        if self.on_error is None:
+            return
+        try:
+            self.on_error(operation)
+        except Exception:  # observability never changes what the store does
+            log.debug("store error not reported", exc_info=True)
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -149,18 +196,19 @@ class ThreadStore:
             messages = json.loads(raw.get("messages") or "[]")
             if not isinstance(messages, list):
                 raise ValueError("messages is not a list")
+            meta = (self.limits, raw.get("summary", ""), raw.get("pins") or "[]", raw.get("notes") or "[]",
+                    raw.get("lastCompactedAt"))
             if self.validate_reads:
                 parsed = tuple(_checked_message(m) for m in messages)
-                summary, pins, last = _checked_meta(self.limits, raw.get("summary", ""), raw.get("pins") or "[]",
-                                                    raw.get("lastCompactedAt"))
+                summary, pins, notes, last = _checked_meta(*meta)
             else:
                 parsed = tuple(ThreadMessage.from_dict(m) for m in messages)
-                summary, last = raw.get("summary", ""), raw.get("lastCompactedAt")
-                pins = tuple(Pin(p["text"], p["by"]) for p in json.loads(raw.get("pins") or "[]"))
+                summary, pins, notes, last = _meta(*meta)
         except (ValueError, TypeError, KeyError, ValidationError) as exc:
             raise CorruptState(str(exc)) from None
         return ThreadState(messages=parsed, summary=summary, pins=pins, last_compacted_at=last,
-                           version=int(raw.get("v", 0)), gen=int(raw.get("gen", 0)))
+                           version=int(raw.get("v", 0)), gen=int(raw.get("gen", 0)), notes=notes,
+                           cleared=int(raw.get("clr", 0)))
 
     @_guard
     def load(self, thread_id: str) -> ThreadState:
@@ -176,55 +224,67 @@ class ThreadStore:
 
     @_guard
     def commit_messages(self, thread_id: str, user: ThreadMessage, assistant: ThreadMessage,
-                        *, dedupe_by_text: bool) -> CommitResult:
+                        *, dedupe_by_text: bool, expected_cleared: int | None = None) -> CommitResult:
         """Append one turn atomically unless it is a duplicate (one Lua call, one round trip).
+
+        ``expected_cleared`` is the thread's clear counter (``ThreadState.cleared``) when the turn
+        started; when the thread was cleared since, nothing is written and the result says
+        ``cleared``.  None skips that check.
 
         Raises:
             StoreUnavailable: Redis failed; nothing was written.
         """
         keys = ThreadKeys(thread_id)
-        appended, version, count = self._commit(
-            keys=keys.ttl_keys(),
-            args=[_dumps(user.to_dict()), _dumps(assistant.to_dict()), user.id, assistant.id,
-                  user.text, assistant.text, "1" if dedupe_by_text else "0", self.ttl],
+        answer = self._write(
+            self._commit, keys.ttl_keys(),
+            [_dumps(user.to_dict()), _dumps(assistant.to_dict()), user.id, assistant.id,
+             user.text, assistant.text, "1" if dedupe_by_text else "0", self.ttl,
+             "" if expected_cleared is None else str(expected_cleared)],
         )
-        return CommitResult(bool(appended), int(version), int(count), (user, assistant))
+        appended, version, count = answer[:3]
+        return CommitResult(bool(appended), int(version), int(count), (user, assistant),
+                            cleared=len(answer) > 3)
 
-    def commit_final_turn(self, thread_id: str, turn: FinalTurn) -> CommitResult:
+    def commit_final_turn(self, thread_id: str, turn: FinalTurn, *, expected_cleared: int | None = None) -> CommitResult:
         """Write a finished turn through the final-turn adapter.
 
-        A turn without ids is deduplicated by text against the last stored pair.
+        A turn without ids is deduplicated by text against the last stored pair.  With
+        ``expected_cleared`` (the clear counter read when the turn started), a turn whose thread
+        was cleared meanwhile writes nothing (``CommitResult.cleared``).
 
         Raises:
-            TurnRejected: the turn is not written (status, source or text; acceptance P10, P11).
+            TurnRejected: the turn is not written (status, source or text; README: The boundary).
             StoreUnavailable: Redis failed.
         """
         user, assistant = prepare_final_turn(turn, delivery_max_chars=self.limits.delivery_final_max_chars)
         by_text = turn.user_id is None and turn.assistant_id is None
-        return self.commit_messages(thread_id, user, assistant, dedupe_by_text=by_text)
+        return self.commit_messages(thread_id, user, assistant, dedupe_by_text=by_text,
+                                    expected_cleared=expected_cleared)
 
     @_guard
     def clear(self, thread_id: str) -> int:
-        """Empty the thread atomically and move its generation on; return the new version.
+        """Empty the thread atomically and move its generation and clear counter on; return the new version.
 
-        A compaction that read the thread before cannot apply afterwards.
+        A compaction, pin change or turn that read the thread before cannot write afterwards.
         """
         keys = ThreadKeys(thread_id)
-        return int(self._clear(keys=keys.ttl_keys(), args=[self.ttl]))
+        return int(self._write(self._clear, keys.ttl_keys(), [self.ttl]))
 
     @_guard
     def apply_compaction(self, thread_id: str, *, expected_gen: int, folded_ids: list[str], summary: str,
-                         pins: list[Pin], compacted_at: str) -> CompactionCommit:
+                         notes: list[str], compacted_at: str) -> CompactionCommit:
         """Compare-and-set a compaction result (see ``lua/apply_compaction.lua``).
+
+        Writes the summary, the notes and ``lastCompactedAt`` and removes the folded
+        messages; the person's pins are never written by a compaction.
 
         Returns ``applied`` when the generation is unchanged and ``folded_ids`` are still
         the oldest messages in order; otherwise ``stale`` and nothing is written.
         """
         keys = ThreadKeys(thread_id)
-        result = self._apply(
-            keys=keys.ttl_keys(),
-            args=[str(expected_gen), _dumps(list(folded_ids)), summary, _dumps([p.to_dict() for p in pins]),
-                  compacted_at, self.ttl],
+        result = self._write(
+            self._apply, keys.ttl_keys(),
+            [str(expected_gen), _dumps(list(folded_ids)), summary, _dumps(list(notes)), compacted_at, self.ttl],
         )
         if result[0] == "applied":
             return CompactionCommit("applied", int(result[1]))
@@ -234,8 +294,21 @@ class ThreadStore:
     def set_pins(self, thread_id: str, *, expected_gen: int, pins: list[Pin]) -> bool:
         """Replace the pins if the generation is still ``expected_gen``; False when stale."""
         keys = ThreadKeys(thread_id)
-        result = self._set_pins(keys=keys.ttl_keys(),
-                                args=[str(expected_gen), _dumps([p.to_dict() for p in pins]), self.ttl])
+        result = self._write(self._set_pins, keys.ttl_keys(),
+                             [str(expected_gen), _dumps([p.to_dict() for p in pins]), self.ttl])
+        return bool(result[0])
+
+    @_guard
+    def set_pins_and_notes(self, thread_id: str, *, expected_gen: int, pins: list[Pin], notes: list[str]) -> bool:
+        """Replace the person's pins and the model's notes together if the generation is still
+        ``expected_gen`` (``lua/set_notes.lua``); False when stale or the thread does not exist.
+
+        Raises:
+            StoreUnavailable: Redis failed; nothing was written.
+        """
+        keys = ThreadKeys(thread_id)
+        result = self._write(self._set_notes, keys.ttl_keys(),
+                             [str(expected_gen), _dumps([p.to_dict() for p in pins]), _dumps(list(notes)), self.ttl])
         return bool(result[0])
 
     # -- compaction marker ---------------------------------------------------------------------
@@ -246,9 +319,34 @@ class ThreadStore:
         return bool(self.redis.set(ThreadKeys(thread_id).compacting, str(version), nx=True, ex=ttl_seconds))
 
     @_guard
-    def release_compaction_marker(self, thread_id: str) -> None:
-        """Remove the pending-compaction marker."""
-        self.redis.delete(ThreadKeys(thread_id).compacting)
+    def release_compaction_marker(self, thread_id: str, version: int) -> bool:
+        """Remove the pending-compaction marker if it still holds ``version`` (``lua/release_marker.lua``)."""
+        return bool(self._release(keys=[ThreadKeys(thread_id).compacting], args=[str(version)]))
+
+    # -- compaction history and events ---------------------------------------------------------
+
+    @_guard
+    def record_compaction(self, thread_id: str, entry: dict, max_entries: int) -> bool:
+        """Push one history entry (numbers and categories only) on the thread's capped history list.
+
+        Nothing is recorded for a thread that does not exist (``lua/record_compaction.lua``).
+        """
+        keys = ThreadKeys(thread_id)
+        return bool(self._record(keys=[keys.state, keys.compactions],
+                                 args=[json.dumps(entry, separators=(",", ":")), max_entries, self.ttl]))
+
+    @_guard
+    def publish_event(self, thread_id: str, frame: dict) -> None:
+        """Publish a ``memory`` frame on the thread's events channel (open sockets relay it).
+
+        The one place events are published: ``PUBLISH`` on one Redis, ``SPUBLISH`` (to the
+        master of the thread's slot only) on a cluster, as ``app.chat.events`` subscribes.
+        """
+        channel, data = ThreadKeys(thread_id).events, json.dumps(frame, separators=(",", ":"))
+        if self.sharded_events:
+            self.redis.spublish(channel, data)
+        else:
+            self.redis.publish(channel, data)
 
     @_guard
     def ping(self) -> bool:

@@ -1,4 +1,4 @@
-"""HTTP routes of the contract: ``GET /``, ``GET``/``DELETE /api/chat/thread``, ``GET /healthz``."""
+"""HTTP routes of docs/contract.md: ``GET /``, ``GET``/``DELETE /api/chat/thread``, ``GET /healthz``."""
 
 from __future__ import annotations
 
@@ -8,24 +8,16 @@ import redis
 from flask import Blueprint, jsonify, render_template
 
 from app.extensions import services
-from app.memory.hydration import ForbiddenKeyError, assert_no_forbidden_keys, build_hydration, empty_hydration
+from app.identity import current_thread_id
+from app.memory.hydration import build_hydration, empty_hydration
+from app.llm.health import model_status
 from app.runtime.capabilities import tools_enabled
 from app.store.thread_store import CorruptState, StoreUnavailable
-from app.web.identity import current_thread_id
+from app.web.responses import guarded_json, store_unavailable
 
 log = logging.getLogger(__name__)
 bp = Blueprint("web", __name__, static_folder="static", template_folder="templates",
                static_url_path="/static")
-
-
-def guarded_json(payload: dict, status: int = 200):
-    """Answer ``payload`` as JSON after the forbidden-key check; a violation is a logged 500."""
-    try:
-        assert_no_forbidden_keys(payload)
-    except ForbiddenKeyError as exc:
-        log.error("response blocked: forbidden key at %s", exc.path)
-        return jsonify({"error": {"code": "internal", "message": "Something went wrong."}}), 500
-    return jsonify(payload), status
 
 
 @bp.get("/")
@@ -37,14 +29,14 @@ def index():
         "index.html",
         model_name=settings.chat_model,
         bundled_model=settings.bundled_model,
-        tools_enabled=tools_enabled(services()),  # TOOLS_ENABLED and the provider accepts tools (issue 6)
+        tools_enabled=tools_enabled(services()),  # TOOLS_ENABLED and the provider accepts tools
         max_input_chars=settings.max_input_chars,
     )
 
 
 @bp.get("/api/chat/thread")
 def get_thread():
-    """Hydration: the thread as the browser may see it (contract: HTTP; acceptance P13, P16)."""
+    """Hydration: the thread as the browser may see it (docs/contract.md: HTTP; an empty thread when the store fails)."""
     thread_id = current_thread_id()
     try:
         state = services().store.load(thread_id)
@@ -66,16 +58,21 @@ def delete_thread():
         RunStore(svc.redis, thread_id).drop_paused()
     except (StoreUnavailable, redis.RedisError):
         log.warning("clear failed for thread %s: store unavailable", thread_id[:13])
-        return jsonify({"error": {"code": "store_unavailable",
-                                  "message": "Memory is unavailable right now; try again shortly."}}), 503
+        return store_unavailable()
     return "", 204
 
 
 @bp.get("/healthz")
 def healthz():
-    """200 ``{"status": "ok"}`` or 503 ``{"status": "degraded", "store": "down"}``."""
+    """200 ``{"status": "ok", "store": "up", "model": "up"}``; 503 ``{"status": "degraded", ...}`` when the store
+    or the chat model endpoint is down (each ``"up"``/``"down"``; the model probe is ``app.llm.health``)."""
+    svc = services()
     try:
-        services().store.ping()
+        svc.store.ping()
+        store = "up"
     except StoreUnavailable:
-        return jsonify({"status": "degraded", "store": "down"}), 503
-    return jsonify({"status": "ok", "store": "up"})
+        store = "down"
+    model = model_status(svc.settings)
+    if store == "up" and model == "up":
+        return jsonify({"status": "ok", "store": "up", "model": "up"})
+    return jsonify({"status": "degraded", "store": store, "model": model}), 503

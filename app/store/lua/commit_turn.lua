@@ -1,8 +1,17 @@
--- Commit one final turn atomically (issue 2, item 5).
+-- Commit one final turn atomically (README: A turn).
 -- KEYS[1] the thread hash; KEYS[2..] the thread's other keys (TTL refresh).
 -- ARGV: user message JSON, assistant message JSON, user id, assistant id,
---       user text, assistant text, dedupe-by-text ("1"/"0"), ttl seconds.
--- Returns {appended (1|0), version, message count}.
+--       user text, assistant text, dedupe-by-text ("1"/"0"), ttl seconds,
+--       the clear counter read when the turn started ('' = not known: no check).
+-- Returns {appended (1|0), version, message count}, or {0, version, message count, 'cleared'}
+-- when the thread was cleared since the turn started (clear_thread.lua bumps `clr`): a clear
+-- is final for every turn that started before it, so nothing is written.
+if ARGV[9] and ARGV[9] ~= '' and (redis.call('HGET', KEYS[1], 'clr') or '0') ~= ARGV[9] then
+  local now = redis.call('HGET', KEYS[1], 'messages') or '[]'
+  local count = 0
+  if now ~= '[]' then count = #cjson.decode(now) end
+  return {0, tonumber(redis.call('HGET', KEYS[1], 'v') or '0'), count, 'cleared'}
+end
 local raw = redis.call('HGET', KEYS[1], 'messages')
 local messages = {}
 if raw and raw ~= '[]' then messages = cjson.decode(raw) end

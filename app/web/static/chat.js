@@ -13,7 +13,9 @@
  *   200 {"threadId": str,
  *        "messages": [{"id": str, "role": "user"|"assistant", "text": str, "createdAt": ISO-8601}],
  *        "summaryPreview"?: str,              // absent when the summary is empty
- *        "pinnedDecisions": [str],            // (objects with a "text" field are tolerated)
+ *        "summary"?: str,                     // the whole summary (absent when empty)
+ *        "pinnedDecisions": [str],            // the person's (objects with a "text" field are tolerated)
+ *        "modelNotes"?: [str],                // what compactions proposed to remember (absent when none)
  *        "restored": bool}
  * DELETE /api/chat/thread                    → 204 (anything else: error body, message shown)
  *
@@ -27,10 +29,11 @@
  *                   "sections": {"system": int, "summary": int, "pins": int, "recent": int, "input": int},
  *                   "completionTokens": int, "firstTokenMs": int|null, "at": ISO-8601}],   // oldest first
  *        "compactions": [{"at": ISO-8601, "outcome": "applied"|"stale"|"failed",
- *                         "reason"?: str,    // a category, e.g. "timeout", "invalid_output"
- *                         "turnsFolded": int, "tokensBefore": int, "tokensAfter": int,
- *                         "summaryChars": int, "pinsCount": int,
- *                         "factRetention": number (0..1) | null, "durationMs": int}]}     // oldest first
+ *                         "reason"?: str,    // a category, e.g. "timeout", "invalid_answer"
+ *                         "turnsFolded"?: int, "tokensBefore"?: int, "tokensAfter"?: int,
+ *                         "summaryChars"?: int, "notesCount"?: int,   // only the figures an entry has:
+ *                         "factRetention"?: number (0..1) | null,     // a stale one has none
+ *                         "durationMs": int}]}     // oldest first
  *   Any failure (404 while not built, 5xx, network): the panels say "not available"; nothing breaks.
  *
  * GET    /api/chat/inspector                 (the last turn's prompt, for this session's own thread)
@@ -45,18 +48,29 @@
  *   400/409 {"error": {"code", "message"}}   (e.g. empty, too long, limit reached, unknown message)
  * DELETE /api/chat/pins/<n>  (n = 1-based position in pinnedDecisions)
  *   200 {"pinnedDecisions": [str]}            (404/400 with an error body when n is out of range)
+ * POST   /api/chat/notes/<n>/pin             (n = 1-based position in modelNotes: make it the person's decision)
+ *   201 {"pinnedDecisions": [str], "modelNotes": [str]}
+ * DELETE /api/chat/notes/<n>
+ *   200 {"pinnedDecisions": [str], "modelNotes": [str]}   (404 note_not_found, 409 pin_limit / thread_cleared)
+ *
+ * GET    /healthz
+ *   200 or 503 {"status": "ok"|"degraded", "store": "up"|"down", "model": "up"|"down"}
+ *   "model": "down" shows the model banner (checked every 30 s; every 5 s while down and for 30 s after a turn
+ *   failed with "llm_unavailable"); nothing else is read.
  *
  * POST   /api/chat/feedback  body {"messageId": str, "rating": "up"|"down", "reason"?: str}
  *   201 (body ignored). The page may send a second POST for the same message (the person changes
  *   the rating, or adds a reason after a thumbs-down): the server should keep the latest one.
  *
- * WebSocket ws(s)://<host><script root>/ws/chat  (contract.md)
+ * WebSocket ws(s)://<host><script root>/ws/chat  (docs/contract.md)
  *   sends    {"type":"message","id":<client uuid>,"text":str}   {"type":"cancel"}
  *   receives {"type":"start","messageId"}  {"type":"delta","text"}
  *            {"type":"tool","name","arguments","result","status":"started"|"finished", "id"?}
  *            {"type":"progress","stage","message"?}
+ *            {"type":"waiting","for":"model_busy","message"}   // before the first delta: the model is busy
  *            {"type":"memory","status":"started"|"succeeded"|"failed","message"?}
- *            {"type":"done","status":"completed"|"blocked"|"cancelled"|"failed"|"paused","messageId"}
+ *            {"type":"done","status":"completed"|"blocked"|"cancelled"|"failed"|"paused","messageId",
+ *             "saved"?: false, "reason"?: "thread_cleared"}   // not written: a new chat was started meanwhile
  *            {"type":"error","code","message"}
  *   Unknown frame types are ignored.
  */
@@ -72,12 +86,16 @@
     stats: ROOT + "/api/chat/stats",
     inspector: ROOT + "/api/chat/inspector",
     pins: ROOT + "/api/chat/pins",
+    notes: ROOT + "/api/chat/notes",
     feedback: ROOT + "/api/chat/feedback",
+    health: ROOT + "/healthz",
   };
+  const HEALTH_MS = { up: 30000, down: 5000 }; // how often the model banner re-checks /healthz
   const WS_URL = (location.protocol === "https:" ? "wss://" : "ws://") + location.host + ROOT + "/ws/chat";
   const BACKOFF_MS = [1000, 2000, 4000, 8000, 15000];
   const SECTIONS = ["system", "summary", "pins", "recent", "input"];
   const SECTION_LABELS = { system: "System", summary: "Summary", pins: "Pins", recent: "Recent turns", input: "New input" };
+  const WAIT_NOTICE_MS = 1500; // a turn without its first token says what it waits for after this long
   const FEEDBACK_REASONS = ["forgot something I said", "incorrect", "not helpful"];
   const nf = new Intl.NumberFormat();
 
@@ -97,6 +115,7 @@
     banner: $("banner"),
     bannerText: document.querySelector("#banner .banner-text"),
     retryNow: $("retry-now"),
+    modelBanner: $("model-banner"),
     memoryHint: document.querySelector('[data-testid="memory-hint"]'),
     memoryToggle: $("memory-toggle"),
     panel: $("memory-panel"),
@@ -106,6 +125,10 @@
     pins: $("pins"),
     pinsEmpty: $("pins-empty"),
     pinsCount: $("pins-count"),
+    notes: $("notes"),
+    notesEmpty: $("notes-empty"),
+    notesCount: $("notes-count"),
+    summarySection: $("summary-section"),
     pinForm: $("pin-form"),
     pinInput: $("pin-input"),
     pinAdd: $("pin-add"),
@@ -155,6 +178,7 @@
   // Tiny stroke icons drawn here (emoji fonts are not everywhere).
   const ICONS = {
     pin: ["M9 3h6l-1 6 3 3v2H7v-2l3-3z", "M12 14v7"],
+    copy: ["M9 9h11v11H9z", "M5 15H4V4h11v1"],
     up: ["M7 11v9H3v-9z", "M7 11l4-8c1.6 0 2.6 1.2 2.3 2.8L12.6 10H19a2 2 0 0 1 2 2.3l-1.2 6A2 2 0 0 1 17.8 20H7"],
   };
   function icon(name, flip) {
@@ -197,7 +221,7 @@
 
   function fmtMs(ms) {
     if (typeof ms !== "number" || !Number.isFinite(ms)) return "–";
-    return ms < 1000 ? `${Math.round(ms)} ms` : `${(ms / 1000).toFixed(1)} s`;
+    return ms < 1000 ? `${Math.round(ms)}\u00a0ms` : `${(ms / 1000).toFixed(1)}\u00a0s`;
   }
 
   /** Anything (string, object, number) as readable text, bounded. */
@@ -326,6 +350,8 @@
     everConnected: false,
     attempt: 0,
     reconnectTimer: 0,
+    healthTimer: 0,
+    healthChecksSoon: 0, // /healthz checks still to make at the short interval
     countdownTimer: 0,
     reconnectAt: 0,
     lastFetchFailed: false,
@@ -335,13 +361,16 @@
     msgSeq: 0,
     statsSeq: 0,
     pins: [],
+    notes: [],
+    summary: "",
+    sawStart: null, // true when this page has shown the thread from its first message (no summary before it)
     rafPending: false,
     feedback: new Map(), // messageId -> "up" | "down"
   };
 
   // ───────────────────────────── message bubbles ─────────────────────────────
   function updateEmpty() {
-    el.empty.hidden = !!el.messages.querySelector('[data-testid="message"]');
+    el.empty.hidden = !!el.messages.querySelector('[data-testid="message"], [data-testid="earlier"]');
   }
 
   function nearBottom() {
@@ -377,7 +406,7 @@
     if (role === "assistant") inner.append(h("div", { class: "tools" })); // tool cards; progress goes before it
     const content = h("div", { class: role === "assistant" ? "content markdown" : "content plain" });
     if (role === "assistant") {
-      if (opts.text) renderMarkdown(content, opts.text);
+      if (opts.text) { renderMarkdown(content, opts.text); addCodeCopy(content); }
     } else {
       content.textContent = opts.text || "";
     }
@@ -405,11 +434,58 @@
     };
   }
 
-  /** Pin / thumbs buttons for a settled message. */
+  // ───────────────────────────── copy ─────────────────────────────
+  /** Put text on the clipboard; the button says "Copied" for a moment. Resolves true on success. */
+  async function copyText(text, button) {
+    let ok = false;
+    try {
+      await navigator.clipboard.writeText(text);
+      ok = true;
+    } catch (_) { // no async clipboard (an insecure origin): the old way
+      const area = h("textarea", { class: "visually-hidden", readonly: true });
+      area.value = text;
+      document.body.append(area);
+      area.select();
+      try { ok = document.execCommand("copy"); } catch (_) { ok = false; }
+      area.remove();
+    }
+    if (button) {
+      button.dataset.copied = ok ? "true" : "false";
+      setTimeout(() => { delete button.dataset.copied; }, 1500);
+    }
+    announce(ok ? "Copied." : "Couldn't copy.");
+    return ok;
+  }
+
+  /** A "Copy" button on each code block of rendered markdown: it copies the block's exact code. */
+  function addCodeCopy(content) {
+    for (const pre of content.querySelectorAll("pre")) {
+      if (pre.parentElement.classList.contains("code-wrap")) continue;
+      const wrap = h("div", { class: "code-wrap" });
+      pre.replaceWith(wrap);
+      const code = () => (pre.querySelector("code") || pre).textContent.replace(/\n$/, ""); // marked adds one newline
+      const button = h("button", {
+        type: "button", class: "code-copy", "data-testid": "copy-code", title: "Copy the code",
+        "aria-label": "Copy the code",
+      }, "Copy");
+      button.addEventListener("click", () => copyText(code(), button));
+      wrap.append(pre, button);
+    }
+  }
+
+  /** Pin / copy / thumbs buttons for a settled message. */
   function addActions(article) {
     const { actions } = bubbleParts(article);
     actions.replaceChildren();
     const role = article.dataset.role;
+    if (role === "assistant" && article._text) {
+      const copy = h("button", {
+        type: "button", class: "icon-btn", "data-testid": "copy-answer",
+        title: "Copy the answer (as written, in Markdown)", "aria-label": "Copy the answer",
+      }, icon("copy"));
+      copy.addEventListener("click", () => copyText(article._text, copy));
+      actions.append(copy);
+    }
     actions.append(h("button", {
       type: "button", class: "icon-btn", "data-testid": "pin-message",
       title: "Pin this as a decision", "aria-label": "Pin this message as a decision",
@@ -447,8 +523,13 @@
     return all.length ? all[all.length - 1].dataset.messageId : "";
   }
 
-  /** Re-render the conversation from server memory, keeping this page's own unsaved bubbles. */
-  function renderThread(messages) {
+  /**
+   * Re-render the conversation from server memory, keeping this page's own unsaved bubbles.
+   * folded: the thread has a summary. Then what this page showed that memory no longer holds word for
+   * word (a compaction folded it into the summary) stays, marked data-summarized="true", before a
+   * divider; nothing the person saw disappears while the page is open.
+   */
+  function renderThread(messages, folded) {
     const list = Array.isArray(messages) ? messages : [];
     const ids = new Set();
     const fresh = [];
@@ -461,16 +542,28 @@
       addActions(b);
       fresh.push(b);
     }
-    // Local bubbles survive unless server memory now holds their turn.
     const inFlight = state.turn ? state.turn.clientId : null;
     const keep = [];
-    for (const b of el.messages.querySelectorAll('[data-testid="message"][data-local="1"]')) {
-      const turnId = b.dataset.turn;
+    const summarized = [];
+    for (const b of el.messages.querySelectorAll('[data-testid="message"]')) {
+      const local = b.dataset.local === "1";
+      const shown = b.dataset.saved === "1" || b.dataset.kept === "true"; // was in memory, or its turn was kept
+      if (b.dataset.summarized === "true" ||
+          (folded && shown && b.dataset.turn !== inFlight && b.dataset.messageId && !ids.has(b.dataset.messageId))) {
+        b.dataset.summarized = "true";
+        delete b.dataset.local; // placed by its position now, not by an anchor
+        summarized.push(b);
+        continue;
+      }
+      if (!local) continue;
+      // Local bubbles survive unless server memory now holds their turn.
       const botId = b.dataset.botId || (b.dataset.role === "assistant" ? b.dataset.messageId : "");
-      const confirmed = turnId !== inFlight && botId && ids.has(botId);
+      const confirmed = b.dataset.turn !== inFlight && botId && ids.has(botId);
       if (!confirmed) keep.push(b);
     }
-    for (const b of el.messages.querySelectorAll('[data-testid="message"]')) b.remove();
+    for (const b of el.messages.querySelectorAll('[data-testid="message"], [data-testid="fold-divider"]')) b.remove();
+    for (const b of summarized) el.messages.append(b);
+    if (summarized.length) el.messages.append(foldDivider());
     for (const b of fresh) el.messages.append(b);
     for (const b of keep) {
       const anchor = b.dataset.anchor
@@ -483,7 +576,7 @@
           after.nextElementSibling.dataset.anchor === b.dataset.anchor) after = after.nextElementSibling;
         after.after(b);
       } else if (!b.dataset.anchor) {
-        const first = el.messages.querySelector('[data-testid="message"]');
+        const first = el.messages.querySelector('[data-testid="message"]:not([data-summarized])');
         if (first && !first.dataset.local) el.messages.insertBefore(b, first); else el.messages.append(b);
       } else {
         el.messages.append(b);
@@ -493,10 +586,65 @@
     updateEmpty();
   }
 
+  /** The line after the turns a compaction folded: it opens the memory panel at the summary. */
+  function foldDivider() {
+    return h("div", { class: "fold-divider", "data-testid": "fold-divider", role: "separator" },
+      h("button", { type: "button", class: "linklike", onclick: () => openMemory(el.summarySection) },
+        "Earlier turns are now kept as a summary"));
+  }
+
+  /** Show the memory panel (the drawer on narrow screens) and bring `section` into view. */
+  function openMemory(section) {
+    if (narrow.matches) setDrawer(true);
+    if (section) {
+      section.scrollIntoView({ block: "start", behavior: "smooth" });
+      section.classList.remove("flash");
+      void section.offsetWidth; // restart the highlight
+      section.classList.add("flash");
+    }
+  }
+
+  /**
+   * The first item of the conversation when this page did not show the thread from its start (a reload):
+   * "Earlier in this conversation", collapsible, with the summary and the pinned decisions.
+   */
+  function renderEarlier() {
+    let node = el.messages.querySelector('[data-testid="earlier"]');
+    if (state.sawStart !== false || !state.summary) {
+      if (node) node.remove();
+      updateEmpty();
+      return;
+    }
+    if (!node) {
+      node = h("details", { class: "earlier", "data-testid": "earlier" },
+        h("summary", null,
+          h("span", { class: "earlier-title", text: "Earlier in this conversation" }),
+          h("span", { class: "earlier-preview muted" })),
+        h("div", { class: "earlier-body" }));
+      el.messages.prepend(node);
+    }
+    const lines = state.summary.split("\n");
+    const firstLine = lines.find((l) => /^-\s/.test(l)) || lines.find((l) => l.trim()) || "";
+    node.querySelector(".earlier-preview").textContent = firstLine.replace(/^-\s*/, "").slice(0, 120);
+    const body = node.querySelector(".earlier-body");
+    body.replaceChildren(
+      h("p", { class: "muted small", text: "Older turns are kept as this summary; the model reads it, not the turns themselves." }),
+      h("div", { class: "earlier-text", "data-testid": "earlier-summary", text: state.summary }));
+    if (state.pins.length) {
+      body.append(h("p", { class: "earlier-label", text: `Your pinned decisions (${state.pins.length})` }),
+        h("ol", { class: "earlier-pins" }, ...state.pins.map((t) => h("li", { "data-by": "person", text: t }))));
+    }
+    body.append(h("button", {
+      type: "button", class: "btn btn-small btn-ghost", "data-testid": "earlier-open-memory",
+      onclick: () => openMemory(el.summarySection),
+    }, state.pins.length || state.notes.length ? "Open memory: summary, decisions and notes" : "Open memory"));
+    updateEmpty();
+  }
+
   // ───────────────────────────── memory panel ─────────────────────────────
-  function renderSummary(preview) {
-    if (typeof preview === "string" && preview.trim()) {
-      el.summary.textContent = preview;
+  function renderSummary(text) {
+    if (typeof text === "string" && text.trim()) {
+      el.summary.textContent = text;
       el.summary.classList.remove("muted");
     } else {
       el.summary.textContent = "No summary yet";
@@ -515,7 +663,7 @@
     el.pins.replaceChildren();
     state.pins.forEach((text, i) => {
       const n = i + 1;
-      el.pins.append(h("li", { class: "pin", "data-testid": "pin" },
+      el.pins.append(h("li", { class: "pin", "data-testid": "pin", "data-by": "person" },
         h("span", { class: "pin-text", text }),
         h("button", {
           type: "button", class: "icon-btn unpin", "data-testid": "unpin", "data-index": n,
@@ -525,6 +673,29 @@
     el.pinsEmpty.hidden = state.pins.length > 0;
     el.pins.hidden = state.pins.length === 0;
     el.pinsCount.textContent = state.pins.length ? `(${state.pins.length})` : "";
+  }
+
+  /** The model's notes: proposed by compactions, shown apart from the person's decisions; pin or remove each. */
+  function renderNotes(notes) {
+    state.notes = Array.isArray(notes) ? notes.filter((t) => typeof t === "string" && t) : [];
+    el.notes.replaceChildren();
+    state.notes.forEach((text, i) => {
+      const n = i + 1;
+      el.notes.append(h("li", { class: "note-item", "data-testid": "note", "data-by": "model" },
+        h("span", { class: "pin-text", text }),
+        h("span", { class: "note-actions" },
+          h("button", {
+            type: "button", class: "btn btn-small", "data-testid": "promote-note", title: "Make this your pinned decision",
+            "aria-label": `Pin note ${n} as your decision`, onclick: () => changeNote("POST", `${n}/pin`, "Pinned as your decision."),
+          }, "Pin"),
+          h("button", {
+            type: "button", class: "icon-btn", "data-testid": "remove-note", title: "Remove this note",
+            "aria-label": `Remove note ${n}`, onclick: () => changeNote("DELETE", `${n}`, "Note removed."),
+          }, "✕"))));
+    });
+    el.notesEmpty.hidden = state.notes.length > 0;
+    el.notes.hidden = state.notes.length === 0;
+    el.notesCount.textContent = state.notes.length ? `(${state.notes.length})` : "";
   }
 
   function showPinError(text) {
@@ -638,25 +809,47 @@
     el.chart.append(svg);
   }
 
+  // what a history entry's reason means, in words ("llm" and "extractive" are the stored values)
+  const REASON_LABELS = { llm: "with the model's gist", extractive: "without the model", rate_limited: "rate limited",
+                          invalid_answer: "the model's answer was unusable" };
+
+  /** "21 facts checked: 20 kept, 1 only in an answer" — the kept ones, and why the others are not. */
+  function factsText(c) {
+    const checked = num(c.factsChecked), dropped = num(c.factsDropped), skipped = num(c.factsSkipped);
+    const kept = Math.max(checked - dropped - skipped, 0);
+    const plural = (n, one, many) => `${fmt(n)} ${n === 1 ? one : many}`;
+    const parts = [`${fmt(kept)} kept`];
+    if (dropped) parts.push(`${fmt(dropped)} let go to fit`);
+    if (skipped) parts.push(`${fmt(skipped)} only in ${skipped === 1 ? "an answer" : "answers"}`);
+    return `${plural(checked, "fact", "facts")} checked: ${parts.join(", ")}`;
+  }
+
   function renderCompactions(stats) {
     const all = Array.isArray(stats.compactions) ? stats.compactions : [];
     const comps = all.slice(-5).reverse();
     el.compactions.replaceChildren();
     for (const c of comps) {
       const outcome = ["applied", "stale", "failed"].includes(c.outcome) ? c.outcome : "unknown";
-      const bits = [
-        `${fmt(c.turnsFolded)} turn${num(c.turnsFolded) === 1 ? "" : "s"} folded`,
-        `${fmt(c.tokensBefore)} → ${fmt(c.tokensAfter)} tokens`,
-        `summary ${fmt(c.summaryChars)} chars`,
-        `${fmt(c.pinsCount)} pins`,
-      ];
-      if (typeof c.factRetention === "number") bits.push(`facts kept ${Math.round(c.factRetention * 100)}%`);
+      const has = (k) => typeof c[k] === "number";
+      const bits = [];
+      if (outcome === "stale") {
+        bits.push("discarded: the thread changed meanwhile"); // nothing was folded: no figures
+      } else {
+        const turns = `${fmt(c.turnsFolded)} turn${num(c.turnsFolded) === 1 ? "" : "s"}`;
+        if (has("turnsFolded")) bits.push(outcome === "applied" ? `${turns} folded` : `${turns} to fold, none folded`);
+        if (has("tokensBefore") && has("tokensAfter")) bits.push(`${fmt(c.tokensBefore)} → ${fmt(c.tokensAfter)} tokens`);
+        if (has("summaryChars")) bits.push(`summary ${fmt(c.summaryChars)} chars`);
+        if (has("notesCount")) bits.push(`${fmt(c.notesCount)} notes`);
+        if (has("factsChecked") && c.factsChecked > 0) bits.push(factsText(c));
+      }
       bits.push(fmtMs(c.durationMs));
-      el.compactions.append(h("li", { class: "compaction", "data-outcome": outcome },
+      const reason = REASON_LABELS[str(c.reason)] || str(c.reason).replace(/_/g, " ");
+      const badge = outcome === "stale" ? "discarded" : outcome + (reason ? ` · ${reason}` : "");
+      el.compactions.append(h("li", { class: "compaction", "data-outcome": outcome, "data-testid": "compaction" },
         h("div", { class: "compaction-head" },
-          h("span", { class: `badge badge-${outcome}`, text: outcome + (c.reason ? ` · ${str(c.reason)}` : "") }),
+          h("span", { class: `badge badge-${outcome}`, text: badge }),
           h("time", { datetime: str(c.at), text: fmtTime(c.at, true) })),
-        h("div", { class: "muted small", text: bits.join(" · ") })));
+        h("div", { class: "muted small compaction-detail", text: bits.join(" · ") })));
     }
     if (all.length > comps.length) {
       el.compactions.append(h("li", { class: "muted small", text: `+ ${fmt(all.length - comps.length)} earlier` }));
@@ -716,15 +909,20 @@
     state.lastFetchFailed = false;
     updateBanner();
     const d = r.data;
+    const summary = str(d.summary) || str(d.summaryPreview);
+    if (state.sawStart === null) state.sawStart = !summary; // a page opened on a summarized thread
     if (latestMessages && !state.turn) {
-      renderThread(d.messages);
+      renderThread(d.messages, Boolean(summary));
       scrollToBottom(forceScroll);
     } else if (latest && Array.isArray(d.messages)) {
       state.serverIds = new Set(d.messages.map((m) => m && m.id));
     }
     if (latest) {
-      renderSummary(d.summaryPreview);
+      state.summary = summary;
+      renderSummary(summary);
       renderPins(d.pinnedDecisions);
+      renderNotes(d.modelNotes);
+      renderEarlier();
     }
     return true;
   }
@@ -907,7 +1105,9 @@
       h("i"), h("i"), h("i"), h("span", { class: "visually-hidden", text: "Waiting for the answer" })));
     appendBubble(userEl);
     appendBubble(botEl);
-    state.turn = { clientId, text, userEl, botEl, messageId: "", answer: "", started: false, stopping: false, tools: [], stages: [] };
+    state.turn = { clientId, text, userEl, botEl, messageId: "", answer: "", started: false, stopping: false, tools: [], stages: [],
+      sentAt: Date.now(), waitTimer: 0 };
+    state.turn.waitTimer = setInterval(() => showWaiting(state.turn), 250);
     if (textArg === undefined) {
       el.input.value = "";
       autosize();
@@ -915,6 +1115,36 @@
     updateComposer();
     scrollToBottom(true);
     state.stickToBottom = true;
+  }
+
+  /**
+   * While a turn has no answer text yet: after WAIT_NOTICE_MS, say what it waits for, with the seconds
+   * elapsed ("waiting for the model… 4 s"), updated until the first text arrives.
+   */
+  function showWaiting(t) {
+    if (!t || t !== state.turn || t.answer) return;
+    const ms = Date.now() - t.sentAt;
+    if (ms < WAIT_NOTICE_MS && !t.waitReason) return;
+    const content = bubbleParts(t.botEl).content;
+    let note = content.querySelector('[data-testid="waiting"]');
+    if (!note) {
+      note = h("span", { class: "waiting", "data-testid": "waiting" });
+      content.append(note);
+    }
+    // what the server said it waits behind (a busy bundled model), else only the model
+    const reason = t.waitReason ? ` — ${t.waitReason}` : "";
+    const text = `waiting for the model… ${Math.floor(ms / 1000)} s${reason}`;
+    if (note.textContent !== text) note.textContent = text;
+    if (t.waitReason) note.dataset.reason = t.waitFor;
+  }
+
+  /** {"type":"waiting"}: the server knows what the turn waits behind; say it in the waiting note at once. */
+  function handleWaiting(f) {
+    const t = state.turn;
+    if (!t || t.answer) return;
+    t.waitFor = str(f.for) || "model";
+    t.waitReason = f.for === "model_busy" ? "it is answering another message first" : str(f.message);
+    showWaiting(t);
   }
 
   function stopTurn() {
@@ -937,11 +1167,15 @@
     });
   }
 
-  /** Settle the turn in flight. outcome: completed | blocked | cancelled | failed | paused | interrupted | rejected */
-  function endTurn(outcome) {
+  /**
+   * Settle the turn in flight. outcome: completed | blocked | cancelled | failed | paused | interrupted | rejected.
+   * unsaved: done said "saved": false (reason: "thread_cleared" or another string): the answer stays, marked not saved.
+   */
+  function endTurn(outcome, unsaved) {
     const t = state.turn;
     if (!t) return;
     state.turn = null;
+    clearInterval(t.waitTimer);
     const bot = t.botEl;
     bot.classList.remove("streaming");
     bot.removeAttribute("aria-busy");
@@ -959,8 +1193,19 @@
     if (t.answer) renderMarkdown(parts.content, t.answer);
     else parts.content.replaceChildren();
 
-    if (outcome === "completed" || outcome === "blocked") {
+    if ((outcome === "completed" || outcome === "blocked") && unsaved) {
+      addCodeCopy(parts.content);
+      bot.dataset.kept = "false";
+      t.userEl.dataset.kept = "false";
+      bot.dataset.botId = t.messageId;
+      const label = unsaved === "thread_cleared" ? "not saved (new chat started)" : "not saved";
+      setNote(bot, label, "unsaved");
+      setNote(t.userEl, "not saved", "unsaved");
+      addActions(bot);
+      announce(`The answer is complete but ${label}.`);
+    } else if (outcome === "completed" || outcome === "blocked") {
       if (!t.answer) parts.content.append(h("p", { class: "muted", text: "(no answer)" }));
+      addCodeCopy(parts.content);
       bot.dataset.kept = "true";
       t.userEl.dataset.kept = "true";
       bot.dataset.botId = t.messageId;
@@ -972,7 +1217,7 @@
     } else {
       const label = {
         cancelled: "stopped — not saved to memory",
-        paused: "waiting for your confirmation — not saved yet", // a /tasklist run (issue 6)
+        paused: "waiting for your confirmation — not saved yet", // a /tasklist run
         failed: "failed — not saved",
         interrupted: "interrupted — not saved",
         rejected: "not sent",
@@ -1091,8 +1336,10 @@
     clearTimeout(hintTimer);
     // "started" waits for its outcome, but not forever (the outcome frame can be missed on a reconnect)
     hintTimer = setTimeout(() => { el.memoryHint.hidden = true; }, status === "started" ? 90000 : 6000);
-    if (status === "succeeded") refreshMemory();
-    else if (status === "failed") loadStats();
+    if (status === "succeeded") { // folded turns stay on the page, marked as summarized
+      loadThread({ messages: !state.turn });
+      loadStats();
+    } else if (status === "failed") loadStats();
   }
 
   // ───────────────────────────── frames ─────────────────────────────
@@ -1120,15 +1367,19 @@
       case "progress":
         handleProgress(f);
         break;
+      case "waiting":
+        handleWaiting(f);
+        break;
       case "memory":
         handleMemory(f);
         break;
       case "done": {
         const status = str(f.status);
+        const unsaved = f.saved === false ? str(f.reason) || "unknown" : "";
         if (t && (!f.messageId || !t.messageId || f.messageId === t.messageId)) {
-          endTurn(["completed", "blocked", "cancelled", "failed", "paused"].includes(status) ? status : "failed");
+          endTurn(["completed", "blocked", "cancelled", "failed", "paused"].includes(status) ? status : "failed", unsaved);
         }
-        if (status === "completed" || status === "blocked") {
+        if ((status === "completed" || status === "blocked") && !unsaved) {
           loadThread({ messages: true });
           loadStats();
         } else {
@@ -1144,11 +1395,23 @@
           if (!el.input.value) { el.input.value = t.text; autosize(); updateComposer(); }
         }
         showChatError(message);
+        if (f.code === "llm_unavailable") { state.healthChecksSoon = 6; checkModel(); }
         break;
       }
       default:
         break; // unknown frames are ignored
     }
+  }
+
+  // ───────────────────────────── model health ─────────────────────────────
+  /** GET /healthz: the model banner shows while it says "model": "down"; checks sooner while down. */
+  async function checkModel() {
+    clearTimeout(state.healthTimer);
+    const r = await api("GET", API.health);
+    const down = Boolean(r.data && typeof r.data === "object" && r.data.model === "down");
+    el.modelBanner.hidden = !down;
+    const soon = down || state.healthChecksSoon-- > 0; // after a failed turn the server may not know yet
+    state.healthTimer = setTimeout(checkModel, soon ? HEALTH_MS.down : HEALTH_MS.up);
   }
 
   function showChatError(message) {
@@ -1164,6 +1427,7 @@
     const r = await api("POST", API.pins, payload);
     if (r.ok && r.data && Array.isArray(r.data.pinnedDecisions)) {
       renderPins(r.data.pinnedDecisions);
+      renderEarlier();
       showPinError("");
       announce("Pinned.");
       if (fromMessage) toast("Pinned to memory.");
@@ -1188,11 +1452,28 @@
     const r = await api("DELETE", `${API.pins}/${encodeURIComponent(n)}`);
     if (r.ok && r.data && Array.isArray(r.data.pinnedDecisions)) {
       renderPins(r.data.pinnedDecisions);
+      renderEarlier();
       showPinError("");
       announce("Unpinned.");
       loadStats();
     } else {
       showPinError(r.message || "Couldn't unpin that.");
+      loadThread({ messages: false });
+    }
+  }
+
+  /** POST /api/chat/notes/<n>/pin (promote) or DELETE /api/chat/notes/<n> (remove). */
+  async function changeNote(method, path, done) {
+    const r = await api(method, `${API.notes}/${path}`);
+    if (r.ok && r.data && Array.isArray(r.data.pinnedDecisions)) {
+      renderPins(r.data.pinnedDecisions);
+      renderNotes(r.data.modelNotes);
+      renderEarlier();
+      showPinError("");
+      announce(done);
+      loadStats();
+    } else {
+      showPinError(r.message || "Couldn't change that note.");
       loadThread({ messages: false });
     }
   }
@@ -1241,12 +1522,16 @@
       toast(r.message || "Couldn't start a new chat.", "error");
       return;
     }
-    for (const node of el.messages.querySelectorAll('[data-testid="message"], .chat-error')) node.remove();
+    const old = '[data-testid="message"], [data-testid="fold-divider"], [data-testid="earlier"], .chat-error';
+    for (const node of el.messages.querySelectorAll(old)) node.remove();
     state.serverIds = new Set();
     state.feedback.clear();
+    state.sawStart = true;
+    state.summary = "";
     updateEmpty();
     renderSummary(undefined);
     renderPins([]);
+    renderNotes([]);
     announce("New chat started.");
     refreshMemory();
     el.input.focus();
@@ -1335,10 +1620,12 @@
   syncPlaceholder();
   syncDrawerMode();
   renderPins([]);
+  renderNotes([]);
   renderCompactions({});
   updateComposer();
   autosize();
   loadThread({ forceScroll: true });
   connect();
+  checkModel();
   el.input.focus();
 })();

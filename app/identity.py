@@ -1,4 +1,4 @@
-"""Browser identity: a session id in Flask's signed cookie, and its HMAC thread id (contract: Identity).
+"""Browser identity: a session id in Flask's signed cookie, and its HMAC thread id (docs/contract.md: Identity).
 
 The cookie is HttpOnly, SameSite=Lax (Secure over https) and holds a random
 256-bit id.  A tampered, foreign or malformed cookie fails the signature check
@@ -21,7 +21,7 @@ _SID_RE = re.compile(r"^[a-f0-9]{64}$")
 
 
 def thread_id_for(secret_key: str, session_id: str) -> str:
-    """Return ``chat:`` + lowercase hex HMAC-SHA256(secret, session id): 69 characters (acceptance P15)."""
+    """Return ``chat:`` + lowercase hex HMAC-SHA256(secret, session id): 69 characters."""
     digest = hmac.new(secret_key.encode(), session_id.encode(), hashlib.sha256).hexdigest()
     return "chat:" + digest
 

@@ -1,0 +1,385 @@
+"""One compaction, end to end: re-read, plan, fold, check, commit with one compare-and-set, report.
+
+Lifecycle of one attempt (``run_compaction``)::
+
+    load the thread (never data from the task message) ─► still due? plan (pure)
+      ─► fold it without the model (``compose``): would that free GAIN_SHARE of the folded
+         tokens? no ─► skipped ("no_gain"), no model call, marker released
+      ─► publish "started" ─► model: a short gist and proposed decisions (bounded output,
+         structured JSON) ─► validate: a bad shape is a failure (nothing written, retried);
+         a gist over its limit, naming facts the turns do not hold, or making memory shrink
+         too little is asked once more, then the fold goes on without the answer
+      ─► fact guard (``compose``) ─► apply_compaction (Lua compare-and-set: generation
+         unchanged, folded ids still the oldest messages)
+           applied: publish "succeeded", history, release the marker, request again if due
+           stale:   discard, history ("discarded: the thread changed meanwhile"), release the
+                    marker, request again if due
+           failed:  nothing written; publish "failed", history; retried with backoff for
+                    transient errors (the marker is kept); after the last retry the marker is
+                    released; past the hard cap on stored messages the fold goes on without
+                    the model instead.
+
+No WATCH is held across the model call and a write is never retried from a stale
+snapshot: every attempt re-reads.  Store failures in requests are logged and never
+reach a turn.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from tenacity import RetryCallState, wait_exponential, wait_random_exponential
+
+from app.llm.provider import LLMError
+from app.llm.structured import answer_schema, strict_answer_schema
+from app.memory import compaction as domain
+from app.memory.compaction import CompactionAnswer, CompactionPlan, CompactionResult
+from app.memory.state import ThreadState, utc_now_iso
+from app.store.thread_store import CompactionCommit, CorruptState, StoreUnavailable
+
+log = logging.getLogger(__name__)
+
+HISTORY_MAX = 50
+TIME_MARGIN_SECONDS = 15.0
+"""Time kept free before the task's time limit for the commit, the event and the history (seconds)."""
+RETRY_BACKOFF_MAX_SECONDS = 600
+RETRYABLE = frozenset({"rate_limited", "timeout", "unavailable", "invalid_answer", "store_unavailable"})
+
+MESSAGE_STARTED = "Summarizing older turns to keep memory short."
+MESSAGE_SUCCEEDED = "Older turns were summarized."
+MESSAGE_RETRYING = "Older turns could not be summarized yet. They are kept as they are; trying again later."
+MESSAGE_FAILED = "Older turns could not be summarized. They are kept as they are."
+MESSAGE_STALE = "Memory changed while summarizing. Nothing was lost."
+
+OUTCOME_APPLIED, OUTCOME_STALE, OUTCOME_FAILED, OUTCOME_SKIPPED = "applied", "stale", "failed", "skipped"
+
+
+def retry_countdown(settings, retries: int) -> float:
+    """Seconds before retry ``retries + 1``: exponential backoff with "equal jitter" (tenacity's waits).
+
+    Between ``b * 2**retries / 2`` and ``b * 2**retries`` seconds, ``b`` being
+    ``COMPACTION_RETRY_BACKOFF_SECONDS``; each half is capped at ``RETRY_BACKOFF_MAX_SECONDS / 2``.
+    """
+    state = RetryCallState(retry_object=None, fn=None, args=(), kwargs={})
+    state.attempt_number = retries + 1
+    half = settings.compaction_retry_backoff / 2
+    cap = RETRY_BACKOFF_MAX_SECONDS / 2
+    wait = wait_exponential(multiplier=half, max=cap) + wait_random_exponential(multiplier=half, max=cap)
+    return round(wait(state), 3)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A thread read for compaction, the plan made from it, and the hard cap on stored messages."""
+
+    thread_id: str
+    state: ThreadState
+    plan: CompactionPlan
+    hard_cap: int
+
+    @property
+    def at_hard_cap(self) -> bool:
+        """True when the thread holds at least ``hard_cap`` messages (fold even without the model)."""
+        return len(self.state.messages) >= self.hard_cap
+
+
+@dataclass
+class CompactionOutcome:
+    """What one attempt did.
+
+    Attributes:
+        outcome: ``applied``, ``stale``, ``failed`` or ``skipped``.
+        reason: a category: the strategy (``llm``, ``extractive``) when applied; ``not_due`` or
+            ``no_gain`` when skipped; a stale reason (``generation``, ``messages``, ``missing``);
+            ``rate_limited``, ``timeout``, ``unavailable``, ``bad_request``, ``invalid_answer``,
+            ``store_unavailable``, ``corrupt``, ``fact_guard`` or ``internal`` when failed.
+        retry_in: seconds until the next attempt when the task should be retried, else None.
+        entry: the history entry recorded (numbers and categories only), or None.
+        result: what was (or would have been) written.
+    """
+
+    outcome: str
+    reason: str = ""
+    retry_in: float | None = None
+    entry: dict | None = None
+    result: CompactionResult | None = field(default=None, repr=False)
+
+
+def prepare(services, thread_id: str) -> Prepared | None:
+    """Read the thread and plan a fold; None when no compaction is due any more.
+
+    Raises:
+        StoreUnavailable: the store failed.
+        CorruptState: the stored thread is invalid.
+    """
+    settings = services.settings
+    state = services.store.load(thread_id)
+    tokens = domain.uncompacted_tokens(state.messages, services.counter)
+    if not domain.compaction_due(len(state.messages), tokens, settings.limits, settings.prompt_budget):
+        return None
+    plan = domain.plan_compaction(state, settings.limits, services.counter, settings.prompt_budget,
+                                  fixed_prompt_tokens=domain.fixed_prompt_tokens(settings.limits, services.counter))
+    if plan is None:
+        return None
+    return Prepared(thread_id, state, plan, domain.hard_cap_messages(settings.limits))
+
+
+def _compose(services, prepared: Prepared, answer: CompactionAnswer | None, *, force: bool = False):
+    settings = services.settings
+    return domain.compose(prepared.state, prepared.plan, answer, limits=settings.limits, counter=services.counter,
+                          prompt_budget=settings.prompt_budget, force=force)
+
+
+def _ask(services, messages: list[dict], deadline: float, max_gist_chars: int):
+    """One structured model call, never past ``deadline`` (``time.monotonic()`` seconds).
+
+    The schema sent bounds the gist to ``max_gist_chars`` (a grammar-constrained model cannot write more).
+    """
+    settings = services.settings
+    remaining = deadline - time.monotonic()
+    if remaining < 1.0:
+        raise LLMError("llm_unavailable", "The model took too long to answer. Please try again.", "timeout", True)
+    schema = answer_schema(CompactionAnswer)
+    schema = {**schema, "properties": {**schema["properties"],
+                                       "summary": {**schema["properties"]["summary"], "maxLength": max_gist_chars}}}
+    return services.compaction_llm.complete_json(
+        messages, schema=schema, strict_schema=strict_answer_schema(CompactionAnswer),
+        timeout=min(settings.compaction_llm_timeout, remaining), max_tokens=domain.MAX_OUTPUT_TOKENS)
+
+
+def produce(services, prepared: Prepared, *, deadline: float | None = None,
+            fallback: CompactionResult | None = None) -> CompactionResult:
+    """Ask the model for the gist and proposed decisions and compose what is written.
+
+    At most two model calls: the first, and once more when the answer passes a limit,
+    names facts the turns do not hold or makes memory shrink too little; after that the
+    fold goes on without the model's answer (``fallback``, the extractive result).  The
+    gist asked for is as long as the gain rule leaves room for (``gist_chars``; at most
+    300 characters).  With ``COMPACTION_STRATEGY=extractive``, when there is no room for a
+    gist, or when not even the clipped turns fit the compaction prompt, no model is called.
+
+    Raises:
+        LLMError: the provider failed (``rate_limited``, ``timeout``, ``unavailable``,
+            ``bad_request``, ``invalid_answer``).
+        InvalidCompactionOutput: ``shape``: the answer is not the expected JSON object.
+        NoGain: without a ``fallback``, folding without the model frees too little.
+        FactGuardFailure: a composed result lost a guarded fact (never written).
+    """
+    settings = services.settings
+    limits, counter, budget = settings.limits, services.counter, settings.prompt_budget
+    if deadline is None:
+        deadline = time.monotonic() + max(settings.compaction_time_limit - TIME_MARGIN_SECONDS, 1.0)
+    extractive = fallback or _compose(services, prepared, None)
+    if settings.compaction_strategy == "extractive":
+        return extractive
+    short = prepared.thread_id[:13]
+    max_gist = domain.gist_chars(extractive.room_tokens)
+    if not max_gist:
+        log.info("compaction for %s: no room for a gist (%d tokens); folding without the model",
+                 short, extractive.room_tokens)
+        return extractive
+    try:
+        prompt = domain.build_compaction_prompt(prepared.plan, limits, counter, budget, max_gist_chars=max_gist)
+    except domain.PromptTooLong:
+        log.info("compaction for %s: the window is too small for a model prompt; folding without the model", short)
+        return extractive
+    answer = _ask(services, prompt, deadline, max_gist)
+    try:
+        return _compose(services, prepared, domain.validate_answer(answer.data))
+    except domain.InvalidCompactionOutput as exc:
+        if exc.kind == domain.PROBLEM_SHAPE:
+            raise
+        log.info("compaction for %s: answer not accepted (%s); asking once more", short, exc.kind)
+        feedback = exc.problems
+    try:
+        prompt = domain.build_compaction_prompt(prepared.plan, limits, counter, budget, max_gist_chars=max_gist,
+                                                previous_answer=answer.raw, feedback=feedback)
+        second = _ask(services, prompt, deadline, max_gist)
+        return _compose(services, prepared, domain.validate_answer(second.data))
+    except (LLMError, domain.InvalidCompactionOutput, domain.PromptTooLong) as exc:
+        log.info("compaction for %s: second answer not usable (%s); folding without the model's answer", short,
+                 getattr(exc, "kind", None) or getattr(exc, "category", None) or type(exc).__name__)
+        return extractive
+
+
+def commit(services, prepared: Prepared, result: CompactionResult) -> CompactionCommit:
+    """Write a result with the Lua compare-and-set; ``lastCompactedAt`` is set here, never by the model.
+
+    Raises:
+        StoreUnavailable: the store failed (nothing was written).
+    """
+    plan = prepared.plan
+    return services.store.apply_compaction(
+        prepared.thread_id, expected_gen=plan.expected_gen, folded_ids=plan.folded_ids,
+        summary=result.summary, notes=list(result.notes), compacted_at=utc_now_iso())
+
+
+def run_compaction(services, thread_id: str, seen_version: int, *, attempt: int = 0) -> CompactionOutcome:
+    """One attempt of the compaction task (the body of ``workers.compact_thread``; tests call it directly).
+
+    Args:
+        services: the process's ``Services`` (store, settings, counter, compaction model client,
+            compaction requests).
+        thread_id: the thread to compact.
+        seen_version: the version the request saw (the marker's value).
+        attempt: 0 for the first attempt, n for the n-th retry.
+
+    Returns:
+        The outcome; ``retry_in`` is set when the caller should retry after that many seconds.
+    """
+    settings = services.settings
+    started = time.monotonic()
+    short = thread_id[:13]
+    can_retry = attempt < settings.compaction_max_retries
+    requests = services.compaction_requests
+
+    def fail(reason: str, prepared: Prepared | None, retryable: bool) -> CompactionOutcome:
+        retry = retryable and can_retry
+        retry_in = retry_countdown(settings, attempt) if retry else None
+        entry = None
+        if prepared is not None:
+            entry = _record(services, thread_id, OUTCOME_FAILED, reason, _figures(prepared, None, started, attempt))
+            _publish(services, thread_id, "failed", MESSAGE_RETRYING if retry else MESSAGE_FAILED,
+                     reason=reason, retrying=retry)
+        log.warning("compaction for %s failed (%s), attempt %d%s", short, reason, attempt + 1,
+                    f"; retrying in {retry_in:.1f} s" if retry else "; giving up until the next turn")
+        if not retry:
+            requests.release(thread_id, seen_version)
+        return CompactionOutcome(OUTCOME_FAILED, reason, retry_in, entry)
+
+    try:
+        prepared = prepare(services, thread_id)
+    except StoreUnavailable:
+        return fail("store_unavailable", None, True)
+    except CorruptState:
+        log.error("compaction for %s skipped: stored state is invalid", short)
+        return fail("corrupt", None, False)
+    if prepared is None:
+        log.info("compaction for %s skipped: not due (seen version %s)", short, seen_version)
+        requests.release(thread_id, seen_version)
+        return CompactionOutcome(OUTCOME_SKIPPED, "not_due")
+
+    try:
+        extractive = _compose(services, prepared, None, force=prepared.at_hard_cap)
+    except domain.NoGain:
+        log.info("compaction for %s skipped: folding %d turns would free too little; waiting for more turns",
+                 short, prepared.plan.folded_turns)
+        requests.release(thread_id, seen_version)
+        return CompactionOutcome(OUTCOME_SKIPPED, "no_gain")
+    except domain.FactGuardFailure:
+        log.exception("compaction for %s: the fact guard refused the fold", short)
+        return fail("fact_guard", prepared, False)
+
+    _publish(services, thread_id, "started", MESSAGE_STARTED)
+    deadline = started + max(settings.compaction_time_limit - TIME_MARGIN_SECONDS, 1.0)
+    try:
+        result = produce(services, prepared, deadline=deadline, fallback=extractive)
+    except domain.FactGuardFailure:
+        log.exception("compaction for %s: the fact guard refused the model's fold", short)
+        result = extractive
+    except Exception as exc:  # LLMError, a bad answer, a time limit, anything unexpected
+        reason, retryable = _classify(exc)
+        if isinstance(exc, (LLMError, domain.InvalidCompactionOutput)) or reason == "timeout":
+            log.info("compaction for %s: model step failed: %s", short, reason)
+        else:
+            log.exception("compaction for %s: unexpected error", short)
+        if not prepared.at_hard_cap:
+            return fail(reason, prepared, retryable)
+        log.warning("compaction for %s: %d messages at the hard cap; folding without the model",
+                    short, len(prepared.state.messages))
+        result = extractive
+
+    try:
+        committed = commit(services, prepared, result)
+    except StoreUnavailable:
+        return fail("store_unavailable", prepared, True)
+
+    if committed.outcome == OUTCOME_APPLIED:
+        entry = _record(services, thread_id, OUTCOME_APPLIED, result.strategy,
+                        _figures(prepared, result, started, attempt))
+        _publish(services, thread_id, "succeeded", MESSAGE_SUCCEEDED, summaryLength=len(result.summary),
+                 noteCount=len(result.notes), turnsFolded=prepared.plan.folded_turns,
+                 factRetention=result.retention)
+        log.info("compaction for %s applied (%s): folded %d turns, kept %d, tokens %d -> %d, summary %d chars, "
+                 "%d notes (%d proposed refused), facts %d checked, %d kept, %d let go by policy (%s), "
+                 "%d answer facts not kept, %d ms",
+                 short, result.strategy, prepared.plan.folded_turns, prepared.plan.kept_turns, result.tokens_before,
+                 result.tokens_after, len(result.summary), len(result.notes), result.notes_refused,
+                 result.facts_checked, result.facts_kept, result.facts_dropped, ",".join(result.policy_steps) or "-",
+                 result.facts_skipped, entry["durationMs"])
+        requests.release(thread_id, seen_version)
+        _request_again_if_due(services, thread_id)
+        return CompactionOutcome(OUTCOME_APPLIED, result.strategy, None, entry, result)
+
+    log.info("compaction for %s discarded: stale (%s); seen version %s, read version %s",
+             short, committed.detail, seen_version, prepared.state.version)
+    entry = _record(services, thread_id, OUTCOME_STALE, committed.detail,
+                    {"attempt": attempt, "durationMs": int((time.monotonic() - started) * 1000)})
+    requests.release(thread_id, seen_version)
+    if not _request_again_if_due(services, thread_id):
+        _publish(services, thread_id, "failed", MESSAGE_STALE, reason="stale", retrying=False)
+    return CompactionOutcome(OUTCOME_STALE, committed.detail, None, entry, result)
+
+
+# ------------------------------------------------------------------------------------------ helpers
+
+
+def _classify(exc: BaseException) -> tuple[str, bool]:
+    if isinstance(exc, LLMError):
+        return exc.category, exc.category in RETRYABLE
+    if isinstance(exc, domain.InvalidCompactionOutput):
+        return "invalid_answer", True
+    if type(exc).__name__ == "SoftTimeLimitExceeded":  # celery's, raised inside the task
+        return "timeout", True
+    if isinstance(exc, StoreUnavailable):
+        return "store_unavailable", True
+    return "internal", False
+
+
+def _figures(prepared: Prepared, result: CompactionResult | None, started: float, attempt: int) -> dict:
+    figures = {"attempt": attempt, "durationMs": int((time.monotonic() - started) * 1000),
+               "turnsFolded": prepared.plan.folded_turns}
+    if result is not None:
+        figures.update(
+            tokensBefore=result.tokens_before,
+            tokensAfter=result.tokens_after,
+            summaryChars=len(result.summary),
+            notesCount=len(result.notes),
+            factRetention=result.retention,
+            factsChecked=result.facts_checked,
+            factsDropped=result.facts_dropped,
+            factsSkipped=result.facts_skipped,
+            unreadShare=result.unread_share,
+        )
+    return figures
+
+
+def _record(services, thread_id: str, outcome: str, reason: str, figures: dict) -> dict:
+    """Push one history entry (numbers and categories only), capped at ``HISTORY_MAX``; return it."""
+    entry = {"at": int(time.time() * 1000), "outcome": outcome, "reason": reason, **figures}
+    try:
+        services.store.record_compaction(thread_id, entry, HISTORY_MAX)
+    except StoreUnavailable as exc:
+        log.warning("compaction history for %s not recorded: %s", thread_id[:13], exc)
+    return entry
+
+
+def _publish(services, thread_id: str, status: str, message: str, **numbers) -> None:
+    """Publish ``{"type":"memory","status",...}`` on the thread's events channel (best effort)."""
+    try:
+        services.store.publish_event(thread_id, {"type": "memory", "status": status, "message": message, **numbers})
+    except StoreUnavailable as exc:
+        log.warning("memory event for %s not published: %s", thread_id[:13], exc)
+
+
+def _request_again_if_due(services, thread_id: str) -> bool:
+    """After an applied or stale compaction: enqueue another one when the thread is still due."""
+    try:
+        state = services.store.load(thread_id)
+    except (StoreUnavailable, CorruptState):
+        return False
+    tokens = domain.uncompacted_tokens(state.messages, services.counter)
+    return services.compaction_requests.after_commit(thread_id, message_count=len(state.messages),
+                                                     uncompacted_tokens=tokens, version=state.version)

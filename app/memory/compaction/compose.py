@@ -1,0 +1,276 @@
+"""What a compaction writes: the new record and notes, checked by the fact guard and the gain rule.
+
+``compose`` is pure and deterministic.  Given the thread as read, the plan, and
+the model's answer (or None for a fold without the model), it
+
+1. refuses a gist that names facts the folded turns do not hold, or facts memory already
+   holds that the person did not say again in them (``ungrounded``); leaves out a gist
+   that only repeats what the person said or copies an answer's sentences, or, for turns
+   in which the person only told things, one that retells the answers instead of their words;
+2. appends the folded turns' record lines (``record.statement_lines``) after the
+   model's ``About:`` line (without it, an ``Asked:`` line for each turn that left
+   no other line), and keeps the model's grounded decisions as notes;
+3. fits the record to its limits (``record.fit_record``: a fixed policy that
+   reports every fact it lets go);
+4. checks the **gain rule**: memory after (summary + notes + pins) costs at most
+   memory before (summary + notes + pins + folded turns) minus ``GAIN_SHARE`` of
+   the folded turns, in prompt tokens; otherwise ``InvalidCompactionOutput``
+   ``growth`` for a model answer, ``NoGain`` without one (at the hard cap,
+   ``force=True`` makes room by the same policy instead);
+5. runs the **fact guard**: every fact of the previous summary and notes, of the
+   person's folded messages and of the answer sentences kept must be in the new
+   memory, unless the record policy let it go (counted in ``facts_dropped``).
+   Anything else missing is a bug and raises ``FactGuardFailure``: such a result
+   is never written.
+
+Every figure is in tokens (the model's tokenizer) or counts of facts.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from app.memory.compaction.answer import PROBLEM_GROWTH, PROBLEM_UNGROUNDED, CompactionAnswer, \
+    InvalidCompactionOutput, gist_problems
+from app.memory.compaction.facts import extract_facts, fact_present, facts_of, unread_share
+from app.memory.compaction.notes import grounding, merge_notes, normalize_pin
+from app.memory.compaction.policy import GAIN_SHARE, CompactionPlan, notes_token_cap, summary_token_cap
+from app.memory.compaction.record import ABOUT, ASKED, ASSISTANT, Record, RecordLine, asked_line, asks, \
+    fit_record, parse_record, sentences, statement_lines, statement_sentences
+from app.memory.context import format_pins, format_summary
+from app.memory.state import ThreadMessage, ThreadState, group_turns
+from app.memory.tokens import TokenCounter
+
+STRATEGY_LLM = "llm"
+COPY_SHARE = 0.8
+"""A gist with this share of its content words from one message the person wrote is a copy of it: no line."""
+TOLD_SHARE = 0.5
+"""When the person only told things in the folded turns, a gist needs this share of its content words from
+what they said to be kept (else it retells the answers)."""
+STRATEGY_EXTRACTIVE = "extractive"
+
+
+class NoGain(ValueError):
+    """Folding these turns without the model would not free ``GAIN_SHARE`` of their tokens: nothing is written."""
+
+
+class FactGuardFailure(RuntimeError):
+    """A guarded fact is missing from a composed result without the record policy having let it go (a bug)."""
+
+
+@dataclass(frozen=True)
+class CompactionResult:
+    """What a compaction writes, and its figures (for the history, the event and the log).
+
+    Attributes:
+        summary: the new summary (the rendered record), within its character and token limits.
+        notes: the model notes after the compaction, oldest first.
+        strategy: ``llm`` (with the model's gist and notes) or ``extractive``.
+        tokens_before: memory before (summary, notes, pins and every stored message), in prompt tokens.
+        tokens_after: memory after (summary, notes, pins and the kept messages), in prompt tokens.
+        folded_tokens: what the folded messages cost, in prompt tokens.
+        facts_checked: facts of the previous summary and notes and of the folded turns.
+        facts_kept: those still in the new memory (summary, notes or pins).
+        facts_dropped: guarded facts let go by the record policy to respect the limits.
+        facts_skipped: facts of answers that the policy does not keep (beyond the sentences kept).
+        lines_added: record lines the fold added (before fitting).
+        lines_dropped: record lines removed by the fitting policy.
+        notes_added: proposals kept as notes.
+        notes_refused: proposals refused (ungrounded, not a decision, ...).
+        policy_steps: the fitting policy's steps used (``record.fit_record``).
+        unread_share: share (0.0-1.0) of the folded text's letters in scripts the fact guard does
+            not read (neither Latin nor Chinese): its facts were not checked.
+        room_tokens: how many more tokens memory could cost and still meet the gain rule (what a
+            model's gist and notes may add to this result), in tokens.
+    """
+
+    summary: str
+    notes: tuple[str, ...]
+    strategy: str
+    tokens_before: int
+    tokens_after: int
+    folded_tokens: int
+    facts_checked: int = 0
+    facts_kept: int = 0
+    facts_dropped: int = 0
+    facts_skipped: int = 0
+    lines_added: int = 0
+    lines_dropped: int = 0
+    notes_added: int = 0
+    notes_refused: int = 0
+    policy_steps: tuple[str, ...] = ()
+    unread_share: float = 0.0
+    room_tokens: int = 0
+
+    @property
+    def retention(self) -> float:
+        """Share of checked facts kept, 0.0 to 1.0 (1.0 when none were checked)."""
+        if not self.facts_checked:
+            return 1.0
+        return round(self.facts_kept / self.facts_checked, 4)
+
+
+def _check_gist(gist: str, folded_texts: Sequence[str], person_said: Sequence[str], memory: Sequence[str]) -> None:
+    """Refuse a gist naming a fact the folded turns do not hold, or one memory holds already that the person
+    did not say again in them: a small chat model repeats the record's facts in its answers ("…以便我将数据库
+    迁移推迟到4月2日" in a chat about a film), and a gist of those answers would write them in again.
+
+    Raises:
+        InvalidCompactionOutput: ``ungrounded``, naming the facts.
+    """
+    invented = gist_problems(gist, folded_texts)
+    if invented:
+        raise InvalidCompactionOutput(PROBLEM_UNGROUNDED, [
+            "summary: these names, numbers or dates are not in the turns: " + "; ".join(invented[:12])
+            + ". Use only what the turns say."])
+    older, said = "\n".join(memory), "\n".join(person_said)
+    echoed = [f for f in extract_facts(gist) if fact_present(f, older) and not fact_present(f, said)]
+    if echoed:
+        raise InvalidCompactionOutput(PROBLEM_UNGROUNDED, [
+            "summary: these belong to earlier turns, not to these: " + "; ".join(echoed[:12])
+            + ". Say only what these turns are about."])
+
+
+def _gist_adds(gist: str, folded_texts: Sequence[str], person_said: Sequence[str], asked: bool) -> bool:
+    """False for a gist the record is better without: one that repeats what the person said (kept word for
+    word anyway); one that copies an answer's sentences (a gist of nothing; the record keeps an answer's
+    sentence itself); or, when the person only told things in these turns, one that is not mostly their
+    words (it then retells the model's answers, which restate and invent: "Lin Wei is an excellent
+    candidate…")."""
+    if grounding(gist, person_said) >= COPY_SHARE or _copies(gist, folded_texts):
+        return False
+    return asked or grounding(gist, ["\n".join(person_said)]) >= TOLD_SHARE
+
+
+def _plain(text: str) -> str:
+    return " ".join(re.sub(r"[^\w\s]", " ", unicodedata.normalize("NFKC", text).casefold()).split())
+
+
+def _copies(gist: str, texts: Sequence[str]) -> bool:
+    """True when at least half of ``gist``'s sentences stand word for word in one of ``texts``."""
+    parts = [_plain(sentence) for sentence in sentences(gist)]
+    parts = [p for p in parts if p]
+    return bool(parts) and any(2 * sum(p in plain for p in parts) >= len(parts) for plain in map(_plain, texts))
+
+
+def _line_key(line: RecordLine) -> tuple[str, str]:
+    return line.kind, normalize_pin(line.text)
+
+
+def memory_cost(summary: str, notes: Sequence[str], pins: Sequence[str], counter: TokenCounter) -> int:
+    """Prompt tokens of the record message (summary and notes) and the pins message."""
+    cost = counter.message("system", format_summary(summary, notes)) if summary or notes else 0
+    return cost + (counter.message("system", format_pins(list(pins))) if pins else 0)
+
+
+def messages_cost(messages: Iterable[ThreadMessage], counter: TokenCounter) -> int:
+    """Prompt tokens of messages sent as chat messages."""
+    return sum(counter.message(m.role, m.text) for m in messages)
+
+
+def compose(state: ThreadState, plan: CompactionPlan, answer: CompactionAnswer | None, *, limits,
+            counter: TokenCounter, prompt_budget: int, force: bool = False) -> CompactionResult:
+    """Build what a compaction writes (see the module docstring).
+
+    Args:
+        state: the thread as read.
+        plan: the plan made from it.
+        answer: the model's validated answer, or None to fold without the model.
+        limits: ``MemoryLimits``.
+        counter: the model's token counter.
+        prompt_budget: tokens a prompt may use.
+        force: at the hard cap: satisfy the gain rule by the fitting policy instead of refusing.
+
+    Raises:
+        InvalidCompactionOutput: ``ungrounded`` (the gist names facts found nowhere) or
+            ``growth`` (the answer makes memory shrink too little); ask once more, then
+            fold without the model.
+        NoGain: without a model answer, the fold would free too little (and ``force`` is False).
+        FactGuardFailure: a guarded fact went missing (never written).
+    """
+    pins = state.pinned_decisions
+    folded_texts = [m.text for m in plan.folded]
+    person_said = [m.text for m in plan.folded if m.role == "user"]
+    if answer is not None:
+        _check_gist(answer.summary, folded_texts, person_said, [state.summary, *state.notes, *pins])
+
+    old = parse_record(state.summary)
+    # Facts are read from the statements, never the header nor the model's About: lines (whose facts are
+    # grounded in the statements, so counting them would count a fact twice).
+    old_texts = [line.text for line in old.lines if line.kind not in (ABOUT, ASKED)]
+    known = facts_of([*old_texts, *state.notes, *pins])
+    seen = {_line_key(line) for line in old.lines}
+    about = RecordLine(ABOUT, answer.summary) if answer is not None else None
+    if about is not None and not _gist_adds(about.text, folded_texts, person_said,
+                                            any(asks(t) for t in group_turns(plan.folded))):
+        about = None
+    new_lines: list[RecordLine] = [about] if about is not None and _line_key(about) not in seen else []
+    for turn in group_turns(plan.folded):
+        lines = [line for line in statement_lines(turn, known) if _line_key(line) not in seen]
+        if not lines and answer is None:  # without the model's gist, say at least what was asked
+            asked = asked_line(turn)
+            lines = [asked] if asked is not None and _line_key(asked) not in seen else []
+        seen.update(_line_key(line) for line in lines)  # a statement repeated word for word is kept once
+        new_lines.extend(lines)
+        known.extend(facts_of(line.text for line in lines))
+    record = Record(old.first_turn or 1, old.last_turn + plan.folded_turns, old.lines + tuple(new_lines))
+
+    merged = merge_notes(state.notes, answer.pinnedDecisions if answer is not None else (), plan.folded,
+                         pins=pins, max_count=limits.notes_max, max_chars=limits.note_max_chars,
+                         max_tokens=notes_token_cap(prompt_budget), counter=counter)
+    reference = "\n".join([*merged.notes, *pins, *(m.text for m in plan.kept)])
+    max_tokens = summary_token_cap(prompt_budget)
+    fitted, report = fit_record(record, max_chars=limits.summary_max_chars, max_tokens=max_tokens,
+                                counter=counter, reference_text=reference)
+
+    folded_cost = messages_cost(plan.folded, counter)
+    before_memory = memory_cost(state.summary, state.notes, pins, counter)
+    allowed = before_memory + folded_cost - GAIN_SHARE * folded_cost
+    after_memory = memory_cost(fitted.render(), merged.notes, pins, counter)
+    if after_memory > allowed:
+        if answer is not None:
+            raise InvalidCompactionOutput(PROBLEM_GROWTH, [
+                f"memory would cost {after_memory} tokens, more than the {int(allowed)} allowed: write a much "
+                "shorter summary and fewer pinnedDecisions"])
+        if not force:
+            raise NoGain(f"memory would cost {after_memory} tokens; at most {int(allowed)} allowed")
+        while after_memory > allowed and fitted.lines and max_tokens > 0:
+            max_tokens = max_tokens - max(int(after_memory - allowed), 8)
+            fitted, report = fit_record(record, max_chars=limits.summary_max_chars, max_tokens=max(max_tokens, 0),
+                                        counter=counter, reference_text=reference)
+            after_memory = memory_cost(fitted.render(), merged.notes, pins, counter)
+
+    summary = fitted.render()
+    person_texts = [sentence for m in plan.folded if m.role == "user" for sentence in statement_sentences(m.text)]
+    answer_lines = [line.text for line in new_lines if line.kind == ASSISTANT]
+    guarded = facts_of([*old_texts, *state.notes, *person_texts, *answer_lines])
+    checked = facts_of([*old_texts, *state.notes, *folded_texts])
+    present = "\n".join([*(line.text for line in fitted.lines), *merged.notes, *pins])
+    let_go = "\n".join([*report.dropped_facts, *merged.dropped])
+    missing_guarded = [f for f in guarded if not fact_present(f, present)]
+    accidental = [f for f in missing_guarded if not fact_present(f, let_go)]
+    if accidental:
+        raise FactGuardFailure(f"{len(accidental)} guarded facts missing without the policy letting them go")
+    kept = sum(1 for f in checked if fact_present(f, present))
+    return CompactionResult(
+        summary=summary,
+        notes=merged.notes,
+        strategy=STRATEGY_LLM if answer is not None else STRATEGY_EXTRACTIVE,
+        tokens_before=before_memory + messages_cost(state.messages, counter),
+        tokens_after=after_memory + messages_cost(plan.kept, counter),
+        folded_tokens=folded_cost,
+        facts_checked=len(checked),
+        facts_kept=kept,
+        facts_dropped=len(missing_guarded),
+        facts_skipped=max(len(checked) - kept - len(missing_guarded), 0),
+        lines_added=len(new_lines),
+        lines_dropped=report.dropped_lines,
+        notes_added=len(merged.added),
+        notes_refused=len(merged.refused),
+        policy_steps=report.steps,
+        unread_share=round(unread_share("\n".join(folded_texts)), 3),
+        room_tokens=max(int(allowed - after_memory), 0),
+    )

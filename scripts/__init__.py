@@ -1,0 +1,1 @@
+"""Development scripts: the launcher (dev.py), the embedded store, the bundled model, the readiness wait."""

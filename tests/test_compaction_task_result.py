@@ -1,0 +1,24 @@
+"""What Flower shows as a compaction task's result (README: A compaction): there is no result backend, so the
+task's return value is what its Result column says.  A stale compaction is neither a plain success nor a failure."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+import workers.tasks as tasks
+from app.compaction.service import CompactionOutcome
+from tests.fixtures.celery_worker import thread_id_for
+
+
+@pytest.mark.parametrize("outcome, reason, result", [
+    ("stale", "generation", "discarded: stale"),
+    ("applied", "llm", "applied"),
+    ("skipped", "no_gain", "skipped"),
+])
+def test_the_task_result_names_a_discarded_compaction(monkeypatch, outcome, reason, result):
+    monkeypatch.setattr(tasks, "services", lambda: SimpleNamespace(redis=None, settings=None))
+    monkeypatch.setattr(tasks, "run_compaction",
+                        lambda svc, thread_id, version, attempt: CompactionOutcome(outcome, reason))
+    assert tasks.compact_thread(thread_id_for("flower"), 7) == result

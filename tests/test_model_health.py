@@ -1,0 +1,163 @@
+"""``GET /healthz`` reports the model endpoint (contract: HTTP; README: Identity and degradation).
+
+The probe (``app.llm.health``) is checked against real HTTP servers that answer each way, and ``/healthz`` of
+the app served for real against the bundled model's real llama-cpp-python server, stopped and started again
+on the same port: 503 ``"model": "down"`` while it is stopped, 200 ``"up"`` again without restarting the app.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import requests
+
+from app.llm import health
+from tests.polling import wait_until
+from tests.test_e2e_local_model import free_ports
+
+ROOT = Path(__file__).resolve().parent.parent
+EXCEPTION_WORDS = ("Traceback", "Error", "refused", "Exception", "errno")
+
+
+class Answering:
+    """A real HTTP server on loopback whose ``GET /v1/models`` answers ``status``; counts the requests."""
+
+    def __init__(self, status: int):
+        self.requests = 0
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *_args):
+                pass
+
+            def do_GET(self):
+                owner.requests += 1
+                body = json.dumps({"object": "list", "data": []}).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize("status, expected", [(200, "up"), (404, "up"), (500, "down"), (503, "down"),
+                                              (401, "down")])
+def test_probe_status_follows_the_answer(status, expected):
+    server = Answering(status)
+    try:
+        assert health.ModelProbe(server.url, "key").probe() == expected
+        assert server.requests == 1
+    finally:
+        server.close()
+
+
+def test_probe_says_down_when_nothing_listens():
+    (port,) = free_ports(1)
+    assert health.ModelProbe(f"http://127.0.0.1:{port}/v1", None).probe() == "down"
+
+
+def test_probe_says_down_when_the_server_hangs_up_without_answering():
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+
+        def hang_up():
+            conn, _ = listener.accept()
+            conn.recv(1024)
+            conn.close()  # as a process that crashes while handling the request
+
+        threading.Thread(target=hang_up, daemon=True).start()
+        assert health.ModelProbe(f"http://127.0.0.1:{listener.getsockname()[1]}/v1", None).probe() == "down"
+
+
+def test_probe_says_up_for_a_busy_server_that_accepted_the_request():
+    # llama-cpp-python answers /v1/models only between completions: the request waits in its queue
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()  # the kernel accepts the connection; nobody answers within the read timeout
+        assert health.ModelProbe(f"http://127.0.0.1:{listener.getsockname()[1]}/v1", None).probe() == "up"
+
+
+def test_status_is_cached_for_a_few_seconds():
+    server = Answering(200)
+    try:
+        probe = health.ModelProbe(server.url, None, cache_seconds=60)
+        assert [probe.status() for _ in range(5)] == ["up"] * 5
+        assert server.requests == 1
+        expired = health.ModelProbe(server.url, None, cache_seconds=0)
+        assert [expired.status() for _ in range(3)] == ["up"] * 3
+        assert server.requests == 4
+    finally:
+        server.close()
+
+
+# -- /healthz with the real bundled model server --------------------------------------------------------------------
+
+def start_model_server(port: int, log: Path) -> subprocess.Popen:
+    """``scripts/local_model.py serve`` (the real llama-cpp-python server); returns once it passed its start check."""
+    out = open(log, "a")
+    proc = subprocess.Popen([sys.executable, "scripts/local_model.py", "serve", "--port", str(port)], cwd=ROOT,
+                            stdout=out, stderr=subprocess.STDOUT)
+    out.close()
+
+    def ready():
+        assert proc.poll() is None, log.read_text()[-3000:]
+        return log.read_text().count(f"ready at http://127.0.0.1:{port}/v1")
+
+    before = log.read_text().count(f"ready at http://127.0.0.1:{port}/v1") if log.exists() else 0
+    wait_until(lambda: ready() > before, 240, "the model server's start check", interval=0.25)
+    return proc
+
+
+def answer_with(url: str, status: int) -> tuple[requests.Response] | None:
+    """``(response,)`` when ``GET url`` answers ``status`` (a Response of an error status is falsy itself)."""
+    response = requests.get(url, timeout=10)
+    return (response,) if response.status_code == status else None
+
+
+def stop_model_server(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(60) == 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_healthz_follows_the_real_model_server_down_and_up_without_an_app_restart(make_live_app, settings,
+                                                                                  tmp_path):
+    (port,) = free_ports(1)
+    log = tmp_path / "model.log"
+    proc = start_model_server(port, log)
+    try:
+        live = make_live_app(settings.with_overrides(openai_base_url=f"http://127.0.0.1:{port}/v1",
+                                                     openai_api_key="local"))
+        url = live.url + "/healthz"
+        first = requests.get(url, timeout=10)
+        assert (first.status_code, first.json()) == (200, {"status": "ok", "store": "up", "model": "up"})
+
+        stop_model_server(proc)
+        down = wait_until(lambda: answer_with(url, 503), 30, "/healthz to say the model is down", interval=0.5)[0]
+        assert down.json() == {"status": "degraded", "store": "up", "model": "down"}
+        assert not any(word in down.text for word in EXCEPTION_WORDS)
+
+        proc = start_model_server(port, log)  # the same port, a new process; the app is not restarted
+        up = wait_until(lambda: answer_with(url, 200), 30, "/healthz to say the model is up again", interval=0.5)[0]
+        assert up.json() == {"status": "ok", "store": "up", "model": "up"}
+    finally:
+        if proc.poll() is None:
+            stop_model_server(proc)
