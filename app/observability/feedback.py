@@ -10,31 +10,13 @@ replaces the first (the person changed their mind, or added a reason).  Entry::
 
 from __future__ import annotations
 
-import json
-
 from app.memory.state import utc_now_iso
-from app.store.keys import ThreadKeys
+from app.store.feedback_store import FeedbackStore
 
 MAX_FEEDBACK = 200
 MAX_REASON_CHARS = 500
 RATINGS = ("up", "down")
 TURN_FIELDS = ("status", "promptTokens", "sections", "completionTokens", "budget", "firstTokenMs")
-
-# KEYS[1] the feedback list.  ARGV: entry JSON, message id, cap, ttl seconds.
-# Drops an earlier entry for the same message, pushes the new one, caps the list.  Returns its length.
-_STORE_LUA = """
-local items = redis.call('LRANGE', KEYS[1], 0, -1)
-for i = 1, #items do
-  local ok, entry = pcall(cjson.decode, items[i])
-  if ok and type(entry) == 'table' and entry['messageId'] == ARGV[2] then
-    redis.call('LREM', KEYS[1], 0, items[i])
-  end
-end
-redis.call('LPUSH', KEYS[1], ARGV[1])
-redis.call('LTRIM', KEYS[1], 0, tonumber(ARGV[3]) - 1)
-redis.call('EXPIRE', KEYS[1], tonumber(ARGV[4]))
-return redis.call('LLEN', KEYS[1])
-"""
 
 
 def feedback_entry(message_id: str, rating: str, reason: str | None, turn: dict | None) -> dict:
@@ -52,11 +34,9 @@ def store_feedback(client, thread_id: str, entry: dict, ttl_seconds: int) -> int
     Raises:
         redis.RedisError: the store failed.
     """
-    key = ThreadKeys(thread_id).feedback
-    return int(client.eval(_STORE_LUA, 1, key, json.dumps(entry, ensure_ascii=False, separators=(",", ":")),
-                           entry["messageId"], MAX_FEEDBACK, ttl_seconds))
+    return FeedbackStore(client).put(thread_id, entry, MAX_FEEDBACK, ttl_seconds)
 
 
 def load_feedback(client, thread_id: str) -> list[dict]:
     """The thread's feedback entries, newest first."""
-    return [json.loads(item) for item in client.lrange(ThreadKeys(thread_id).feedback, 0, -1)]
+    return FeedbackStore(client).load(thread_id)

@@ -1,0 +1,42 @@
+"""The feedback list of a thread in Redis: ``mem:{hex}:feedback`` (keys from ``app/store/keys.py``).
+
+Newest first, capped, with the thread's TTL; one entry per message (``lua/feedback_put.lua`` drops a
+message's earlier entry before pushing the new one).  The entry's shape belongs to
+``app/observability/feedback.py``; this module only stores and reads JSON objects.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from app.store.keys import ThreadKeys
+
+LUA_DIR = Path(__file__).with_name("lua")
+
+
+class FeedbackStore:
+    """Feedback entries of threads, on one redis-py client (``decode_responses=True``)."""
+
+    def __init__(self, client) -> None:
+        self._client = client
+        self._put = client.register_script((LUA_DIR / "feedback_put.lua").read_text())
+
+    def put(self, thread_id: str, entry: dict, cap: int, ttl_seconds: int) -> int:
+        """Store ``entry`` (a dict with ``messageId``), replacing that message's earlier one.
+
+        Returns how many entries the thread keeps (at most ``cap``).
+        Raises:
+            redis.RedisError: the store failed.
+        """
+        payload = json.dumps(entry, ensure_ascii=False, separators=(",", ":"))
+        return int(self._put(keys=[ThreadKeys(thread_id).feedback],
+                             args=[payload, entry["messageId"], cap, ttl_seconds]))
+
+    def load(self, thread_id: str) -> list[dict]:
+        """The thread's entries, newest first (``[]`` when there are none).
+
+        Raises:
+            redis.RedisError: the store failed.
+        """
+        return [json.loads(item) for item in self._client.lrange(ThreadKeys(thread_id).feedback, 0, -1)]
