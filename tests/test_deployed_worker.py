@@ -84,3 +84,130 @@ def test_prefork_worker_compacts_a_chinese_thread(compaction_rig, fake_llm, tmp_
         assert "SoftTimeLimitExceeded" not in worker_log(log)
     finally:
         assert stop_group(proc) in (0, -signal.SIGTERM)
+
+
+class BrokerRedis:
+    """A ``redis-server`` of the test's own as the Celery broker, without persistence (no RDB, no AOF):
+    a restart comes back empty, as a broker's restart without persistence loses its queue."""
+
+    def __init__(self, tmp_path: Path):
+        self.port = free_port()
+        self.dir = tmp_path
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> "BrokerRedis":
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", str(self.dir)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_until(lambda: port_open(self.port), 10, message="the broker to listen")
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()  # gone with whatever it held
+            self.proc.wait(10)
+            self.proc = None
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(port=self.port, decode_responses=True)
+
+
+@pytest.fixture
+def broker(tmp_path):
+    server = BrokerRedis(tmp_path).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def marker_ttl_now(rig, tid: str) -> int:
+    """The marker's remaining seconds (-2: no marker)."""
+    return rig.client.ttl(ThreadKeys(tid).compacting)
+
+
+@pytest.mark.slow
+def test_a_task_lost_with_its_broker_is_requested_again_after_the_queued_ttl(make_compaction_rig, fake_llm, broker,
+                                                                             tmp_path):
+    queued_ttl = 3
+    rig = make_compaction_rig(celery_broker_url=broker.url, compaction_queued_ttl=queued_ttl)
+    fake_llm.add_rule(Reply(json=ANSWER), structured=True)
+    tid = thread_id_for("deployed-lost-task")
+    result = seed_turns(rig.store, tid, 5)
+    assert rig.request(tid, result)
+    with broker.client() as client:
+        assert client.llen("compaction") == 1
+    broker.stop()
+    broker.start()  # no persistence: the queued task is gone
+    with broker.client() as client:
+        assert client.llen("compaction") == 0
+    # A turn right after: the lost task's marker still stands, so nothing is asked yet ...
+    assert rig.request(tid, commit_turn(rig.store, tid, 6)) is False
+    assert 0 < marker_ttl_now(rig, tid) <= queued_ttl
+    log = tmp_path / "worker.log"
+    proc = start("worker", prod_env(rig.settings, CELERY_BROKER_URL=broker.url,
+                                    COMPACTION_QUEUED_TTL_SECONDS=str(queued_ttl)), log)
+    try:
+        wait_worker_ready(proc, log)
+        # ... but only while the queued marker lives: then the next turn that finds a compaction due asks again.
+        wait_until(lambda: marker_ttl_now(rig, tid) == -2, queued_ttl + 5, message="the lost task's marker to expire")
+        assert history(rig.client, tid) == []
+        assert rig.request(tid, commit_turn(rig.store, tid, 7)) is True
+        entries = rig.wait_outcome(tid, "applied", timeout=60)
+        rig.wait_idle(tid)
+        assert [e["outcome"] for e in entries] == ["applied"]
+        state = rig.store.load(tid)
+        assert state.summary.endswith("(turns 1–3 of this conversation)")
+        assert [m.id for m in state.messages] == [x for n in range(4, 8) for x in (f"u{n}", f"a{n}")]
+    finally:
+        assert stop_group(proc) in (0, -signal.SIGTERM)
+
+
+@pytest.mark.slow
+def test_a_running_compaction_holds_its_marker_past_the_queued_ttl(make_compaction_rig, fake_llm, tmp_path):
+    queued_ttl = 3
+    rig = make_compaction_rig(compaction_queued_ttl=queued_ttl)
+    fake_llm.add_rule(Reply(json=ANSWER, delay=2 * queued_ttl + 2), structured=True)
+    tid = thread_id_for("deployed-held-marker")
+    log = tmp_path / "worker.log"
+    proc = start("worker", prod_env(rig.settings, COMPACTION_QUEUED_TTL_SECONDS=str(queued_ttl)), log)
+    try:
+        wait_worker_ready(proc, log)
+        assert rig.request(tid, seed_turns(rig.store, tid, 6))  # folds two turns, with a gist from the model
+        fake_llm.wait_for_requests(1, "structured", timeout=60)
+        # The attempt holds the marker for its hard time limit (120 s) plus the queued TTL.
+        assert 120 < marker_ttl_now(rig, tid) <= 120 + queued_ttl
+        time.sleep(queued_ttl + 1)  # past the queued TTL; the model still answers
+        assert history(rig.client, tid) == [] and marker_ttl_now(rig, tid) > 120 - queued_ttl - 2
+        assert rig.request(tid, commit_turn(rig.store, tid, 7)) is False  # still pending: no second task
+        assert rig.client.llen("compaction") == 0
+        # The first compaction folds turns 1-2; its end finds turn 3 due (turn 7 came meanwhile) and asks
+        # for the next one itself: two compactions one after the other, never two at once.
+        entries = rig.wait_outcome(tid, "applied", count=2, timeout=60)
+        rig.wait_quiet(tid)
+        assert [e["outcome"] for e in entries] == ["applied", "applied"]
+        first, second = fake_llm.chat_requests("structured")
+        assert second.time >= first.end_time
+        state = rig.store.load(tid)
+        assert state.summary.endswith("(turns 1–3 of this conversation)")
+        assert [m.id for m in state.messages] == [x for n in range(4, 8) for x in (f"u{n}", f"a{n}")]
+    finally:
+        assert stop_group(proc) in (0, -signal.SIGTERM)
+
+
+def test_holding_the_marker_keeps_a_newer_requests_marker(store, redis_client):
+    tid = thread_id_for("hold-marker")
+    marker = ThreadKeys(tid).compacting
+    assert store.mark_compaction_pending(tid, 5, 3) is True
+    assert store.hold_compaction_marker(tid, 5, 200) is True
+    assert (redis_client.get(marker), 195 <= redis_client.ttl(marker) <= 200) == ("5", True)
+    redis_client.delete(marker)  # expired while the task was queued: set again for the task that runs
+    assert store.hold_compaction_marker(tid, 5, 100) is True
+    assert (redis_client.get(marker), 95 <= redis_client.ttl(marker) <= 100) == ("5", True)
+    redis_client.set(marker, "7", ex=30)  # a newer request's marker is left as it is
+    assert store.hold_compaction_marker(tid, 5, 100) is False
+    assert (redis_client.get(marker), redis_client.ttl(marker) <= 30) == ("7", True)
