@@ -97,3 +97,24 @@ def test_a_cut_or_killed_model_stream_fails_the_turn_and_stores_nothing(settings
         assert "Traceback" not in log.read_text()
     finally:
         assert stop_group(web) == 0
+
+
+@pytest.mark.browser
+def test_the_page_shows_a_cut_answer_as_failed_and_not_saved(browser_page, make_live_app, app_settings, cut_model):
+    model_url, _ = cut_model
+    app = make_live_app(app_settings.with_overrides(openai_base_url=model_url))
+    page = browser_page
+    page.goto(app.url + "/")
+    page.wait_for_selector('[data-testid="connection"][data-state="connected"]')
+    box = page.get_by_test_id("message-input")
+    box.fill("Say something [cut 5].")
+    box.press("Enter")
+    bot = page.locator('[data-testid="message"][data-role="assistant"]').last
+    page.wait_for_function("""() => { const b = [...document.querySelectorAll(
+        '[data-testid="message"][data-role="assistant"]')].pop(); return b && b.dataset.status === "failed"; }""")
+    assert bot.locator(".content").inner_text().strip() == "".join(pieces(40)[:5])  # the partial text stays
+    assert (bot.get_attribute("data-kept"), bot.locator(".note").inner_text()) == ("false", "failed — not saved")
+    assert page.get_by_test_id("chat-error").last.inner_text() == TRUNCATED[1]
+    response = page.request.get(app.url + "/api/chat/thread")
+    assert response.ok and response.json()["messages"] == []
+    assert page.errors == []
