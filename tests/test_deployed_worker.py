@@ -26,7 +26,7 @@ import redis
 from app.store.keys import ThreadKeys
 from tests.fake_llm import Reply
 from tests.fixtures.celery_worker import commit_turn, history, seed_turns, thread_id_for, wait_until
-from tests.servers import free_port, port_open, stop
+from tests.servers import free_port, port_open
 from tests.test_procfile import PROCFILE, prod_env, start, stop_group
 
 ANSWER = {"summary": "They talked about where they live.", "pinnedDecisions": []}
