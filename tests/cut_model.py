@@ -8,6 +8,8 @@ answers ``"Echo:"`` then `` t1``, `` t2``, ... (``--tokens`` pieces in all, one 
 
 - ``[cut N]``: after N pieces the connection is closed: no ``finish_reason``, no ``data: [DONE]``;
 - ``[hang N]``: after N pieces nothing more is sent (the test kills the process meanwhile);
+- ``[nodone N]``: N pieces and a ``finish_reason`` of ``stop``, then the connection is closed
+  without ``data: [DONE]`` (a whole answer all the same);
 - otherwise: every piece, a ``finish_reason`` of ``stop``, then ``data: [DONE]``.
 
 ``GET /v1/models`` answers one model (the app's health probe).  One line
@@ -23,7 +25,7 @@ import sys
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-PLAN = re.compile(r"\[(cut|hang) (\d+)\]")
+PLAN = re.compile(r"\[(cut|hang|nodone) (\d+)\]")
 
 
 def pieces(count: int) -> list[str]:
@@ -85,7 +87,8 @@ class Handler(BaseHTTPRequestHandler):
             while True:
                 time.sleep(60)
         self._event(chunk({}, "stop"))
-        self._event("[DONE]")
+        if action != "nodone":
+            self._event("[DONE]")
 
 
 def main(argv: list[str] | None = None) -> None:

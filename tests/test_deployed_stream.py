@@ -14,11 +14,14 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import requests
 
+from app.llm.client import CancelEvent, LLMClient, StreamStats
+from app.llm.provider import LLMError
 from tests.cut_model import pieces
 from tests.fixtures.live_app import ChatClient, answer_text, frame_kinds
 from tests.polling import wait_until
@@ -118,3 +121,28 @@ def test_the_page_shows_a_cut_answer_as_failed_and_not_saved(browser_page, make_
     response = page.request.get(app.url + "/api/chat/thread")
     assert response.ok and response.json()["messages"] == []
     assert page.errors == []
+
+
+def stream(settings, url: str, text: str, stats: StreamStats | None = None) -> tuple[str, StreamStats]:
+    """The joined text of ``LLMClient.stream_chat`` (one retry) for one user ``text`` against ``url``, and its stats."""
+    client = LLMClient(settings.with_overrides(openai_base_url=url, llm_max_retries=1))
+    stats = stats or StreamStats()
+    deltas = client.stream_chat([{"role": "user", "content": text}], cancelled=CancelEvent(),
+                                deadline=time.monotonic() + 20, stats=stats)
+    return "".join(d.text for d in deltas), stats
+
+
+def test_the_stream_reader_takes_a_finish_reason_or_done_as_the_end_and_nothing_else(settings, cut_model):
+    url, _ = cut_model
+    assert stream(settings, url, "hi")[0] == "".join(pieces(40))
+    text, stats = stream(settings, url, "hi [nodone 4]")  # a finish_reason without [DONE]: whole
+    assert (text, stats.finish_reason) == ("".join(pieces(40)[:4]), "stop")
+    stats = StreamStats()
+    with pytest.raises(LLMError) as cut:
+        stream(settings, url, "hi [cut 4]", stats)
+    assert (cut.value.code, cut.value.message, cut.value.category) == (*TRUNCATED, "truncated")
+    assert stats.attempts == 1  # cut after text was shown: never retried
+    stats = StreamStats()
+    with pytest.raises(LLMError) as empty:  # cut before any text: retried (nothing was shown), then failed
+        stream(settings, url, "hi [cut 0]", stats)
+    assert (empty.value.code, stats.attempts) == ("upstream_truncated", 2)

@@ -284,11 +284,12 @@ class SSEStream:
         self._waiting = _waiting_probe(self.response)
         self.finished = False  # [DONE] read or the body ended
         self._failure: Exception | None = None  # raised by the next read()
+        self._finish_read = False  # a finish_reason came in this response (not an earlier attempt's)
 
     @property
     def complete(self) -> bool:
         """True once the answer is known to be whole: ``data: [DONE]`` or a ``finish_reason`` was read."""
-        return self._decoder.done or self._stats.finish_reason is not None
+        return self._decoder.done or self._finish_read
 
     def read(self) -> StreamDelta | None:
         """Block until the body has more, then take every event already received.
@@ -350,6 +351,7 @@ class SSEStream:
                         tool_calls.extend(parts)
                 if choice.get("finish_reason"):
                     stats.finish_reason = choice["finish_reason"]
+                    self._finish_read = True
             usage = event.get("usage")
             if usage:
                 stats.prompt_tokens = usage.get("prompt_tokens")
