@@ -6,7 +6,9 @@ body ends when its connection closes.  An answer is whole only with ``data: [DON
 ``finish_reason`` (``app.llm.client.SSEStream``); a stream cut after a few pieces, or whose
 server process is killed mid-answer, ends the turn with ``error`` ``upstream_truncated`` and
 ``done`` ``failed``, and the thread in Redis is exactly as before the turn (docs/contract.md:
-WebSocket).
+WebSocket); the page keeps the partial text marked "failed — not saved".  The stream reader
+itself, on the same server: a ``finish_reason`` without ``[DONE]`` is a whole answer, a cut after
+text is never retried, a cut before any text is retried once.
 """
 
 from __future__ import annotations
