@@ -230,6 +230,8 @@ class Settings(BaseSettings):
     compaction_llm_timeout: float = Field(90.0, validation_alias="COMPACTION_LLM_TIMEOUT_SECONDS", gt=0)
     compaction_max_retries: int = Field(3, validation_alias="COMPACTION_MAX_RETRIES", ge=0)
     compaction_retry_backoff: float = Field(10.0, validation_alias="COMPACTION_RETRY_BACKOFF_SECONDS", gt=0)
+    # How long a requested compaction's marker outlives a task lost before it started (README: Deployment).
+    compaction_queued_ttl: int = Field(60, validation_alias="COMPACTION_QUEUED_TTL_SECONDS", ge=1)
     # The broker's visibility timeout; 0 derives it from the time limit and the retries.
     compaction_visibility_timeout: int = Field(0, validation_alias="COMPACTION_VISIBILITY_TIMEOUT_SECONDS", ge=0)
     web_threads: int = Field(64, validation_alias="WEB_THREADS", ge=1)

@@ -129,6 +129,9 @@ class CompactionSwitch:
     def release(self, thread_id, version):
         self.original.release(thread_id, version)
 
+    def hold(self, thread_id, version, seconds):
+        return self.original.hold(thread_id, version, seconds)
+
     def after_commit(self, thread_id, *, message_count, uncompacted_tokens, version):
         services = self.services
         if not self.inline:

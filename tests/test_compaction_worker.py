@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from app.compaction.requests import TASK_NAME, marker_ttl
+from app.compaction.requests import TASK_NAME, queued_marker_ttl
 from app.compaction.service import MESSAGE_FAILED, MESSAGE_RETRYING, prepare, produce, run_compaction
 from app.extensions import Services
 from app.llm.provider import LLMError
@@ -52,7 +52,8 @@ def test_a_request_sets_one_marker_and_enqueues_only_the_thread_id_and_version(c
     assert rig.request(tid, result) is True
     marker = ThreadKeys(tid).compacting
     assert rig.client.get(marker) == str(result.version) == "5"
-    assert marker_ttl(rig.settings) - 2 <= rig.client.ttl(marker) <= marker_ttl(rig.settings)
+    assert queued_marker_ttl(rig.settings) == rig.settings.compaction_queued_ttl == 60  # COMPACTION_QUEUED_TTL_SECONDS
+    assert 58 <= rig.client.ttl(marker) <= 60
     assert rig.request(tid, result) is False  # one pending per thread
     queued = rig.client.lrange("compaction", 0, -1)
     assert len(queued) == 1

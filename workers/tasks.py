@@ -6,15 +6,18 @@ come from the Celery configuration (``app.celery_setup``), not from here.
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 
-from celery import shared_task
+from celery import shared_task, signals
 
 from app.compaction.requests import TASK_NAME
 from app.compaction.service import OUTCOME_STALE, run_compaction
 from app.extensions import services
 from app.observability.metrics import observe_compaction
+
+log = logging.getLogger(__name__)
 
 
 def _load_the_fact_reader() -> None:
@@ -22,14 +25,48 @@ def _load_the_fact_reader() -> None:
     from app.memory.compaction.record import statement_lines
     from app.memory.state import ThreadMessage
 
-    statement_lines([ThreadMessage("warm", "user", "我叫林伟。My name is Lin Wei.", "2026-01-01T00:00:00.000Z")])
+    try:
+        statement_lines([ThreadMessage("warm", "user", "我叫林伟。My name is Lin Wei.", "2026-01-01T00:00:00.000Z")])
+    except Exception:  # the first compaction loads them itself (and reports what fails)
+        log.warning("the fact reader was not loaded ahead of the first compaction", exc_info=True)
+
+
+def _warm_in_background() -> None:
+    threading.Thread(target=_load_the_fact_reader, name="load-fact-reader", daemon=True).start()
+
+
+def _pool_forks(pool_cls) -> bool:
+    """True when ``pool_cls`` (a name such as ``"prefork"`` or a pool class) forks child processes."""
+    from celery import concurrency
+    from celery.concurrency.prefork import TaskPool as PreforkPool
+
+    try:
+        cls = concurrency.get_implementation(pool_cls)
+    except Exception:
+        return True  # unknown: warm nowhere but in children (the lazy load still works)
+    return isinstance(cls, type) and issubclass(cls, PreforkPool)
+
+
+# No thread may run in a process that forks: a child inherits every lock such a thread holds at the
+# fork, locked for ever (jieba's load holds one for seconds).  A prefork pool's children each load the
+# fact reader after their fork (``worker_process_init``, in a thread of the child: the pool waits only
+# a few seconds for a child to start); a pool that does not fork (``solo``, ``threads``) loads it in the
+# worker's own process.  The first compaction waits for that load at most.
+
+
+@signals.worker_process_init.connect(weak=False)
+def _warm_child(**_kwargs) -> None:
+    _warm_in_background()
+
+
+@signals.worker_init.connect(weak=False)
+def _warm_unforked_worker(sender=None, **_kwargs) -> None:
+    if sender is not None and not _pool_forks(getattr(sender, "pool_cls", None)):
+        _warm_in_background()
 
 
 STALE_RESULT = "discarded: stale"
 """The task's return value for a stale compaction: neither a plain success nor a failure."""
-
-# In the background when the worker loads its tasks: a first compaction waits for it at most.
-threading.Thread(target=_load_the_fact_reader, name="load-fact-reader", daemon=True).start()
 
 
 def retry_countdown_for(broker_url: str | None, seconds: float) -> float:

@@ -7,11 +7,19 @@ thread id and that version only, never the data.  A second request while one is
 pending does nothing; a duplicate delivery is harmless (the task re-reads and
 commits with a compare-and-set).  Store or broker failures are logged and never
 reach the turn.
+
+The marker never outlives its task by more than ``COMPACTION_QUEUED_TTL_SECONDS``
+(README: Deployment): it expires that long after the request unless the task
+starts, which holds it for as long as the attempt may run (its hard time limit)
+plus that TTL again, and, before a retry, for the countdown plus that TTL.  A task
+lost with its broker therefore blocks the thread's compactions for at most the
+queued TTL; the next turn that finds a compaction due after that asks again.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from typing import Callable
 
 from app.memory.compaction import compaction_due
@@ -26,14 +34,23 @@ SendTask = Callable[[str, int], None]
 """Publishes the compaction task for ``(thread_id, version)``; raises on a broker failure."""
 
 
-def marker_ttl(settings) -> int:
-    """Seconds the pending marker lives: every attempt at its time limit plus the longest backoffs, plus a minute.
+def queued_marker_ttl(settings) -> int:
+    """Seconds the marker lives from the request until the task starts (``COMPACTION_QUEUED_TTL_SECONDS``)."""
+    return int(settings.compaction_queued_ttl)
 
-    The marker is a safety net only: the task releases it at its final outcome.
+
+def running_marker_ttl(settings) -> int:
+    """Seconds a started attempt holds the marker: its hard time limit plus the queued TTL.
+
+    The task releases the marker at its final outcome; the expiry only covers an attempt that
+    never reaches one (its process killed at the hard limit, or lost).
     """
-    attempts = settings.compaction_max_retries + 1
-    backoffs = sum(min(settings.compaction_retry_backoff * 2 ** n, 600) for n in range(settings.compaction_max_retries))
-    return int(settings.compaction_time_limit * attempts + backoffs + 60)
+    return int(settings.compaction_time_limit + settings.compaction_queued_ttl)
+
+
+def retry_marker_ttl(settings, countdown: float) -> int:
+    """Seconds the marker is held while a retry waits ``countdown`` seconds: that wait plus the queued TTL."""
+    return int(math.ceil(countdown) + settings.compaction_queued_ttl)
 
 
 class CompactionRequests:
@@ -41,7 +58,7 @@ class CompactionRequests:
 
     Args:
         store: the thread store (the marker lives with the thread).
-        settings: ``Settings`` (limits, prompt budget, retry figures for the marker's TTL).
+        settings: ``Settings`` (limits, prompt budget, the marker's expiries).
         send: publishes the task (``celery.send_task(TASK_NAME, args=[thread_id, version])``).
     """
 
@@ -66,7 +83,7 @@ class CompactionRequests:
         if not compaction_due(message_count, uncompacted_tokens, settings.limits, settings.prompt_budget):
             return False
         try:
-            if not self.store.mark_compaction_pending(thread_id, version, marker_ttl(settings)):
+            if not self.store.mark_compaction_pending(thread_id, version, queued_marker_ttl(settings)):
                 return False
         except StoreUnavailable as exc:
             log.warning("compaction for %s not requested: store unavailable (%s)", thread_id[:13], exc)
@@ -86,3 +103,15 @@ class CompactionRequests:
             self.store.release_compaction_marker(thread_id, version)
         except StoreUnavailable as exc:
             log.warning("compaction marker for %s not released (it expires): %s", thread_id[:13], exc)
+
+    def hold(self, thread_id: str, version: int, seconds: int) -> bool:
+        """Hold the marker of the task for ``version`` for ``seconds`` more (set again when it expired).
+
+        Returns False when another request's marker stands (this task then runs as a harmless
+        duplicate) or the store failed (logged; the marker keeps its expiry).
+        """
+        try:
+            return self.store.hold_compaction_marker(thread_id, version, seconds)
+        except StoreUnavailable as exc:
+            log.warning("compaction marker for %s not held (it expires): %s", thread_id[:13], exc)
+            return False

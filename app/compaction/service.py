@@ -2,7 +2,8 @@
 
 Lifecycle of one attempt (``run_compaction``)::
 
-    load the thread (never data from the task message) ─► still due? plan (pure)
+    hold the marker for as long as the attempt may run ─► load the thread (never data from the task
+      message) ─► still due? plan (pure)
       ─► fold it without the model (``compose``): would that free GAIN_SHARE of the folded
          tokens? no ─► skipped ("no_gain"), no model call, marker released
       ─► publish "started" ─► model: a short gist and proposed decisions (bounded output,
@@ -15,7 +16,7 @@ Lifecycle of one attempt (``run_compaction``)::
            stale:   discard, history ("discarded: the thread changed meanwhile"), release the
                     marker, request again if due
            failed:  nothing written; publish "failed", history; retried with backoff for
-                    transient errors (the marker is kept); after the last retry the marker is
+                    transient errors (the marker is held for the wait); after the last retry the marker is
                     released; past the hard cap on stored messages the fold goes on without
                     the model instead.
 
@@ -36,6 +37,7 @@ from app.llm.provider import LLMError
 from app.llm.structured import answer_schema, strict_answer_schema
 from app.memory import compaction as domain
 from app.memory.compaction import CompactionAnswer, CompactionPlan, CompactionResult
+from app.compaction.requests import retry_marker_ttl, running_marker_ttl
 from app.memory.state import ThreadState, utc_now_iso
 from app.store.thread_store import CompactionCommit, CorruptState, StoreUnavailable
 
@@ -245,10 +247,14 @@ def run_compaction(services, thread_id: str, seen_version: int, *, attempt: int 
                      reason=reason, retrying=retry)
         log.warning("compaction for %s failed (%s), attempt %d%s", short, reason, attempt + 1,
                     f"; retrying in {retry_in:.1f} s" if retry else "; giving up until the next turn")
-        if not retry:
+        if retry:
+            requests.hold(thread_id, seen_version, retry_marker_ttl(settings, retry_in))
+        else:
             requests.release(thread_id, seen_version)
         return CompactionOutcome(OUTCOME_FAILED, reason, retry_in, entry)
 
+    # The marker was set for the time a task may wait in the queue; hold it while this attempt may run.
+    requests.hold(thread_id, seen_version, running_marker_ttl(settings))
     try:
         prepared = prepare(services, thread_id)
     except StoreUnavailable:

@@ -164,6 +164,13 @@ class StreamDelta:
 MAX_SSE_LINE_BYTES = 1 << 20  # an unfinished event line longer than this fails the stream
 
 
+def truncated_error() -> LLMError:
+    """The failure of a stream whose body ended before ``data: [DONE]`` or a ``finish_reason``
+    (``upstream_truncated``; docs/contract.md: WebSocket).  Retried only before any text was shown."""
+    return LLMError("upstream_truncated", "The model's answer was cut off before it finished, so it was not "
+                    "saved. Please try again.", "truncated", True)
+
+
 def _http_parser(response):
     """The ``h11.Connection`` parsing ``response``'s body, or None when this transport has none.
 
@@ -277,6 +284,12 @@ class SSEStream:
         self._waiting = _waiting_probe(self.response)
         self.finished = False  # [DONE] read or the body ended
         self._failure: Exception | None = None  # raised by the next read()
+        self._finish_read = False  # a finish_reason came in this response (not an earlier attempt's)
+
+    @property
+    def complete(self) -> bool:
+        """True once the answer is known to be whole: ``data: [DONE]`` or a ``finish_reason`` was read."""
+        return self._decoder.done or self._finish_read
 
     def read(self) -> StreamDelta | None:
         """Block until the body has more, then take every event already received.
@@ -285,8 +298,12 @@ class SSEStream:
         neither, e.g. the usage event at the end), or None once the stream had ended.  When the
         body fails after some events were read, those come first and the next call raises.
 
+        An answer is whole only with ``data: [DONE]`` or a ``finish_reason``: a body that ends
+        without either (the provider's connection closed, its process killed) is a failure.
+
         Raises:
-            LLMError: an unreadable event or an error event (``llm_unavailable``).
+            LLMError: an unreadable event or an error event (``llm_unavailable``); the body ended
+                before the answer was whole (``upstream_truncated``).
             httpx.HTTPError: the connection failed (the caller maps it).
         """
         if self._failure is not None:
@@ -302,6 +319,10 @@ class SSEStream:
                 self._feed(data, pieces, tool_calls)
             except StopIteration:
                 self.finished = True
+                if not self.complete:
+                    if not (pieces or tool_calls):
+                        raise truncated_error() from None
+                    self._failure = truncated_error()  # after what did arrive
                 break
             except Exception as exc:
                 if not (pieces or tool_calls):
@@ -330,6 +351,7 @@ class SSEStream:
                         tool_calls.extend(parts)
                 if choice.get("finish_reason"):
                     stats.finish_reason = choice["finish_reason"]
+                    self._finish_read = True
             usage = event.get("usage")
             if usage:
                 stats.prompt_tokens = usage.get("prompt_tokens")

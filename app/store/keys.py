@@ -7,7 +7,7 @@ or script of the project names keys of two threads, and nothing scans the keyspa
 | key | type | holds |
 | --- | --- | --- |
 | ``mem:{hex}`` | hash | ``v``, ``gen``, ``clr`` (times cleared), ``messages`` (JSON), ``summary``, ``pins`` (JSON), ``notes`` (JSON), ``lastCompactedAt`` |
-| ``mem:{hex}:compacting`` | string, NX + EX | the one pending compaction (the version it saw) |
+| ``mem:{hex}:compacting`` | string, NX + EX | the one pending compaction (the version it saw); a short expiry while queued, held while its task runs |
 | ``mem:{hex}:events`` | pub/sub channel | compaction status for open sockets (a shard channel on a cluster: it lives in the thread's slot) |
 | ``mem:{hex}:stats`` | list, capped | per-turn token accounting (numbers only) |
 | ``mem:{hex}:compactions`` | list, capped | compaction history (numbers and outcomes only) |

@@ -157,6 +157,7 @@ class ThreadStore:
         self._set_notes = client.register_script((LUA_DIR / "set_notes.lua").read_text())
         self._release = client.register_script((LUA_DIR / "release_marker.lua").read_text())
         self._record = client.register_script((LUA_DIR / "record_compaction.lua").read_text())
+        self._hold = client.register_script((LUA_DIR / "hold_marker.lua").read_text())
 
     def _write(self, script, keys: list[str], args: list):
         """Run a memory-writing script; with ``wait_replicas``, also ``WAIT`` on the same connection."""
@@ -352,3 +353,15 @@ class ThreadStore:
     def ping(self) -> bool:
         """True when Redis answers PING."""
         return bool(self.redis.ping())
+
+    @_guard
+    def hold_compaction_marker(self, thread_id: str, version: int, ttl_seconds: int) -> bool:
+        """Give the pending-compaction marker a new expiry (seconds) for the task of ``version``.
+
+        Sets it when it holds ``version`` or is gone; a marker of another version is left alone
+        and False is returned (``lua/hold_marker.lua``).
+
+        Raises:
+            StoreUnavailable: Redis failed.
+        """
+        return bool(self._hold(keys=[ThreadKeys(thread_id).compacting], args=[str(version), int(ttl_seconds)]))

@@ -21,6 +21,7 @@ so a retention figure never claims to have checked what it could not read.
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 from dataclasses import dataclass
@@ -141,6 +142,15 @@ _ZH_NOT_NAMES = frozenset("""
 """.split())
 _jieba_lock = threading.Lock()
 _jieba_posseg = None
+
+
+def _new_jieba_lock() -> None:
+    """After ``fork()``: a lock of the child's own (another thread of the parent may have held the old one)."""
+    global _jieba_lock
+    _jieba_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_jieba_lock)
 
 
 def _posseg():

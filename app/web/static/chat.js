@@ -56,7 +56,7 @@
  * GET    /healthz
  *   200 or 503 {"status": "ok"|"degraded", "store": "up"|"down", "model": "up"|"down"}
  *   "model": "down" shows the model banner (checked every 30 s; every 5 s while down and for 30 s after a turn
- *   failed with "llm_unavailable"); nothing else is read.
+ *   failed with "llm_unavailable" or "upstream_truncated"); nothing else is read.
  *
  * POST   /api/chat/feedback  body {"messageId": str, "rating": "up"|"down", "reason"?: str}
  *   201 (body ignored). The page may send a second POST for the same message (the person changes
@@ -1395,7 +1395,7 @@
           if (!el.input.value) { el.input.value = t.text; autosize(); updateComposer(); }
         }
         showChatError(message);
-        if (f.code === "llm_unavailable") { state.healthChecksSoon = 6; checkModel(); }
+        if (f.code === "llm_unavailable" || f.code === "upstream_truncated") { state.healthChecksSoon = 6; checkModel(); }
         break;
       }
       default:
