@@ -69,6 +69,7 @@ ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("APP_ENV", "test")
 
 import requests  # noqa: E402
+import websocket  # noqa: E402
 
 from bench.replay import _read_json, free_port, locomo_turns, LOCOMO_FILE  # noqa: E402
 from scripts import local_model, model_server  # noqa: E402
@@ -464,11 +465,13 @@ def after_phase(system: System, n: int, timeout: float = 1800.0) -> tuple[Phase,
                 time.sleep(0.5)  # the server's log lines of that task
                 stats.append(task_stats(system.log("model-chat"))[-1])
             compacted = False
-            try:  # this turn may have made the thread due: wait for its compaction, if any
-                client.recv_until(lambda f: f["type"] == "memory" and f.get("status") in ("succeeded", "failed"),
-                                  timeout=8 if i < 5 else 240)
-                compacted = True
-            except TimeoutError:
+            try:  # this turn may have made the thread due: then the socket hears its compaction start
+                heard = client.recv_until(lambda f: f["type"] == "memory", timeout=3)[-1]
+                if heard.get("status") not in ("succeeded", "failed"):
+                    heard = client.recv_until(lambda f: f["type"] == "memory" and f.get("status") in
+                                              ("succeeded", "failed"), timeout=240)[-1]
+                compacted = heard.get("status") == "succeeded"
+            except (TimeoutError, websocket.WebSocketTimeoutException):
                 pass
     finally:
         client.close()
