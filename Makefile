@@ -13,11 +13,8 @@ $(STAMP): requirements.txt pyproject.toml
 	$(BIN)/python -m pip install -r requirements.txt -e .
 	touch $(STAMP)
 
-# llama-cpp-python comes from scripts/install_llama.py: built once per machine for every x86-64 CPU
-# (runtime CPU dispatch) into a wheel folder keyed by its build configuration, outside the clone;
-# requirements-local.txt then adds only the server's dependencies.
-$(LOCAL_STAMP): $(STAMP) requirements-local.txt scripts/install_llama.py
-	$(BIN)/python scripts/install_llama.py
+# The bundled model's server: llama.cpp's own server from the prebuilt xllamacpp wheel (no compiler).
+$(LOCAL_STAMP): $(STAMP) requirements-local.txt
 	$(BIN)/python -m pip install -r requirements-local.txt
 	touch $(LOCAL_STAMP)
 

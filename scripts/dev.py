@@ -6,8 +6,9 @@ with honcho (used as a library) and prints the address to open:
 - store: ``REDIS_TLS_URL``/``REDIS_URL`` when set, otherwise the embedded Valkey
   (``scripts/devstore.py``) at ``redis://127.0.0.1:6380/0``, data in ``.local/store/``;
 - model: ``OPENAI_BASE_URL``/``OPENAI_API_KEY`` when set, otherwise the bundled
-  Qwen2.5-Coder-0.5B-Instruct served by llama-cpp-python (``scripts/local_model.py``;
-  the GGUF file is fetched and verified first) twice: ``model`` for chat turns on
+  Qwen2.5-Coder-0.5B-Instruct served by llama.cpp's own server from the prebuilt
+  xllamacpp wheel (``scripts/model_server.py``; the GGUF file is fetched and verified
+  first by ``scripts/local_model.py``) twice: ``model`` for chat turns on
   127.0.0.1:8089 and ``compaction-model`` for compaction on 127.0.0.1:8090
   (``COMPACTION_BASE_URL``), so a turn never waits for a compaction. Each server
   passes a one-token completion before the others start; if one fails, everything
@@ -120,7 +121,7 @@ def plan(environ: dict[str, str], run_dir: Path | None = None) -> tuple[dict[str
         # text (the server does not parse tool calls for this template): off unless asked.
         env.setdefault("TOOLS_ENABLED", "0")
         servers = [("model", "LOCAL_MODEL_PORT")]
-        # Each llama-cpp-python server answers one request at a time: compaction gets a server of its own
+        # Each model server has one slot (one request at a time): compaction gets a server of its own
         # (unless COMPACTION_BASE_URL already names an endpoint), so chat turns never queue behind it.
         if not env.get("COMPACTION_BASE_URL"):
             servers.append(("compaction-model", "LOCAL_COMPACTION_MODEL_PORT"))
@@ -201,13 +202,12 @@ def run(args, run_dir: Path | None) -> int:
         env, names, notes = plan(dict(os.environ), run_dir)
         check_ports(env, names)
         if "model" in names:
-            try:
-                import llama_cpp.server  # noqa: F401
-            except ImportError:
-                raise DevError("llama-cpp-python is not installed: run `make install` (python "
-                               "scripts/install_llama.py, then pip install -r requirements-local.txt)") from None
-            # refuses a single-CPU (native) build before anything starts; links the usable CPU backends
-            local_model.prepare_backends(only=env.get("LOCAL_MODEL_CPU_BACKEND"))
+            if not env.get("LOCAL_MODEL_SERVER_MODULE"):  # (tests run stand-in servers)
+                try:
+                    import xllamacpp  # noqa: F401
+                except ImportError:
+                    raise DevError("xllamacpp (the bundled model's server) is not installed: run `make install` "
+                                   "(pip install -r requirements-local.txt)") from None
             if not args.dry_run:
                 local_model.fetch()
     except (DevError, local_model.ModelError) as exc:

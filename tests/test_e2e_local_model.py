@@ -2,15 +2,17 @@
 
 The launcher starts the development Procfile's processes as real subprocesses:
 the embedded Valkey store (data in a temporary folder), the bundled
-Qwen2.5-Coder-0.5B-Instruct behind two llama-cpp-python OpenAI-compatible servers
-(one for chat, one for compaction), gunicorn, a Celery worker and Flower, each on a
-free port.  Both model servers must pass their one-token start check with the CPU
-backend variant this machine's checks expect (``scripts/local_model.py``).  Through the
+Qwen2.5-Coder-0.5B-Instruct behind two llama.cpp OpenAI-compatible servers from the
+prebuilt xllamacpp wheel (``scripts/model_server.py``; one for chat, one for compaction),
+gunicorn, a Celery worker and Flower, each on a free port.  Both model servers must pass
+their one-token start check with the pinned xllamacpp version.  Through the
 websocket, two short turns get real tokens from the real model; with
 ``MEMORY_RECENT_TURNS=1`` the second one passes the compaction threshold, so the
 worker folds the first turn with the same model, on the compaction server only,
 into a summary that ``GET /api/chat/thread`` shows, the open socket hears ``memory`` ``succeeded``,
-and Flower's API lists the ``workers.compact_thread`` task.  Then
+and Flower's API lists the ``workers.compact_thread`` task.  The compaction's structured answer
+goes through llama.cpp's native ``json_schema`` response format: no model server logs an
+error or an HTTP 5xx, and no response format is refused.  Then
 Ctrl+C (SIGINT to the launcher's process group, as a terminal sends it) must
 stop every process the launcher started.
 
@@ -37,7 +39,6 @@ from tests.polling import wait_until
 from tests.servers import free_ports, port_open
 
 ROOT = Path(__file__).resolve().parent.parent
-from scripts import local_model  # noqa: E402
 
 MODEL_NAME = "qwen2.5-coder-0.5b-instruct"
 TASK = "workers.compact_thread"
@@ -73,14 +74,25 @@ def descendants(root: int) -> set[int]:
     return found
 
 
-def requests_by_process(log: str, path: str) -> dict[str, int]:
-    """How many ``POST <path>`` each honcho process logged (uvicorn's access lines), by process name."""
-    counts: dict[str, int] = {}
+def lines_by_process(log: str) -> dict[str, list[str]]:
+    """Each honcho process's lines (``"18:08:07 model            | text"``), by process name."""
+    lines: dict[str, list[str]] = {}
     for line in log.splitlines():
-        match = re.match(r"^\S+ (\S+)\s*\| (.*)$", line)  # "18:08:07 model            | INFO: ..."
-        if match and f'"POST {path} HTTP/1.1" 200' in match.group(2):
-            counts[match.group(1)] = counts.get(match.group(1), 0) + 1
-    return counts
+        match = re.match(r"^\S+ (\S+)\s*\| (.*)$", line)
+        if match:
+            lines.setdefault(match.group(1), []).append(match.group(2))
+    return lines
+
+
+def tasks_by_process(log: str) -> dict[str, int]:
+    """How many requests each model server processed (llama.cpp logs ``processing task`` once per completion)."""
+    return {name: sum("launch_slot_" in line and "processing task" in line for line in lines)
+            for name, lines in lines_by_process(log).items() if name in ("model", "compaction-model")}
+
+
+def pinned_xllamacpp() -> str:
+    """The xllamacpp version ``requirements-local.txt`` pins."""
+    return re.search(r"^xllamacpp==(\S+)$", (ROOT / "requirements-local.txt").read_text(), re.M).group(1)
 
 
 def alive(pid: int) -> bool:
@@ -150,9 +162,10 @@ def test_dev_system_chats_with_the_local_model_compacts_and_stops_on_ctrl_c(dev_
     wait_until(healthy, 300, "/healthz")
     wait_until(lambda: f"open {web}/" in log_path.read_text(), 10, "the address to open")
     assert requests.get(web + "/healthz", timeout=10).json() == {"status": "ok", "store": "up", "model": "up"}
-    # Both servers passed the one-token check with the CPU backend this machine may run (the portable build).
-    expected = local_model.prepare_backends().expected
-    ready = re.findall(r"ready at http://127\.0\.0\.1:(\d+)/v1 for (\w+) \(CPU backend (\w+);", log_path.read_text())
+    # Both servers passed the one-token check, served by the pinned prebuilt llama.cpp server.
+    expected = pinned_xllamacpp()
+    ready = re.findall(r"ready at http://127\.0\.0\.1:(\d+)/v1 for (\w+) \(llama\.cpp server, xllamacpp (\S+);",
+                       log_path.read_text())
     assert sorted(ready) == sorted([(str(env["LOCAL_MODEL_PORT"]), "chat", expected),
                                     (str(env["LOCAL_COMPACTION_MODEL_PORT"]), "compaction", expected)])
     page = requests.get(web + "/", timeout=10)
@@ -169,8 +182,8 @@ def test_dev_system_chats_with_the_local_model_compacts_and_stops_on_ctrl_c(dev_
             assert done["messageId"] == start["messageId"]
             answer = answer_text(frames)
             assert answer.strip() != "", frames  # real tokens from the real model
-            if n == 1:  # a sentence streams in pieces (the second answer may be one word: one token)
-                assert len([f for f in frames if f["type"] == "delta"]) >= 2
+            if len(answer.split()) >= 3:  # a sentence streams in pieces (an answer may be one word: one token)
+                assert len([f for f in frames if f["type"] == "delta"]) >= 2, frames
             answers.append(answer.strip())
         assert "paris" in answers[0].lower()
 
@@ -198,11 +211,18 @@ def test_dev_system_chats_with_the_local_model_compacts_and_stops_on_ctrl_c(dev_
     assert listed[0]["result"] == "'applied'"
     print(f"\ne2e: up, two turns and a compaction in {time.monotonic() - started:.1f} s")
 
-    # Chat turns went to the chat server, the compaction to its own server (uvicorn access lines).
+    # Chat turns went to the chat server, the compaction to its own server (llama.cpp's task lines).
     log = log_path.read_text(errors="replace")
-    assert requests_by_process(log, "/v1/chat/completions").get("model") == 2  # the two turns
-    assert requests_by_process(log, "/v1/chat/completions").get("compaction-model", 0) >= 1
-    assert requests_by_process(log, "/v1/completions") == {"model": 1, "compaction-model": 1}  # start checks
+    tasks = tasks_by_process(log)
+    assert tasks["model"] == 1 + 2  # the start check and the two turns
+    assert tasks["compaction-model"] >= 1 + 1  # the start check and the compaction
+    # No server error: llama.cpp logs a failed request as a warning or error with its JSON error (code 500
+    # for a refused response format), and the app logs a refused format; none of that happened.
+    for name in ("model", "compaction-model"):
+        lines = lines_by_process(log)[name]
+        assert [line for line in lines if re.search(r'"code":\s*5\d\d|Traceback|^\S+ E ', line)] == [], name
+        assert [line for line in lines if "got exception" in line] == [], name
+    assert "refused response_format" not in log and "model provider refuses" not in log
 
     # Ctrl+C: SIGINT to the launcher's process group, as a terminal does.
     children = descendants(launcher.pid)

@@ -1,7 +1,7 @@
 """``GET /healthz`` reports the model endpoint (contract: HTTP; README: Identity and degradation).
 
 The probe (``app.llm.health``) is checked against real HTTP servers that answer each way, and ``/healthz`` of
-the app served for real against the bundled model's real llama-cpp-python server, stopped and started again
+the app served for real against the bundled model's real llama.cpp server (``scripts/model_server.py``), stopped and started again
 on the same port: 503 ``"model": "down"`` while it is stopped, 200 ``"up"`` again without restarting the app.
 """
 
@@ -87,7 +87,7 @@ def test_probe_says_down_when_the_server_hangs_up_without_answering():
 
 
 def test_probe_says_up_for_a_busy_server_that_accepted_the_request():
-    # llama-cpp-python answers /v1/models only between completions: the request waits in its queue
+    # a server that answers /v1/models only between completions: the request waits in its queue
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen()  # the kernel accepts the connection; nobody answers within the read timeout
@@ -110,9 +110,9 @@ def test_status_is_cached_for_a_few_seconds():
 # -- /healthz with the real bundled model server --------------------------------------------------------------------
 
 def start_model_server(port: int, log: Path) -> subprocess.Popen:
-    """``scripts/local_model.py serve`` (the real llama-cpp-python server); returns once it passed its start check."""
+    """``scripts/model_server.py`` (the real llama.cpp server); returns once it passed its start check."""
     out = open(log, "a")
-    proc = subprocess.Popen([sys.executable, "scripts/local_model.py", "serve", "--port", str(port)], cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, "scripts/model_server.py", "--port", str(port)], cwd=ROOT,
                             stdout=out, stderr=subprocess.STDOUT)
     out.close()
 

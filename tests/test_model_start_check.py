@@ -1,6 +1,6 @@
 """The bundled model's start check (README: The bundled model): a server that cannot complete stops the run.
 
-``scripts/local_model.py serve`` and ``make run`` (``scripts/dev.py`` with honcho) are run for real, with a
+``scripts/model_server.py`` and ``make run`` (``scripts/dev.py`` with honcho) are run for real, with a
 stand-in model server (``tests/fixtures/standin_model_server.py``) that answers ``/v1/models`` and then kills
 itself with SIGILL at its first completion, as a llama.cpp build with an instruction the machine lacks does.
 Expected: one line naming the signal and what to do, a non-zero exit, and no restart.
@@ -44,15 +44,14 @@ def starts(tmp_path: Path) -> list[int]:
 @pytest.mark.timeout(120)
 def test_serve_reports_a_sigill_at_the_first_completion_and_exits(tmp_path):
     (port,) = free_ports(1)
-    result = subprocess.run([sys.executable, "scripts/local_model.py", "serve", "--port", str(port)], cwd=ROOT,
+    result = subprocess.run([sys.executable, "scripts/model_server.py", "--port", str(port)], cwd=ROOT,
                             env=standin_env(tmp_path, "sigill"), capture_output=True, text=True, timeout=90)
     assert result.returncode == 1
     errors = [line for line in result.stderr.splitlines() if line.startswith("local model:")]
-    # (the stand-in loads no llama.cpp CPU backend, so the line names none)
     assert errors == [f"local model: error: the chat model server (127.0.0.1:{port}) crashed with an illegal "
-                      "instruction (SIGILL) at its first completion: it uses an instruction this machine does not "
-                      "allow; set LOCAL_MODEL_CPU_BACKEND=x64 (slower, runs on any x86-64 CPU) or a lower variant, "
-                      "or use a hosted provider (set OPENAI_BASE_URL and/or OPENAI_API_KEY)"], result.stderr
+                      "instruction (SIGILL) at its first completion: the prebuilt llama.cpp (xllamacpp) needs an "
+                      "x86-64 CPU with AVX2, AVX, FMA and F16C, which this machine does not allow; or use a hosted "
+                      "provider (set OPENAI_BASE_URL and/or OPENAI_API_KEY)"], result.stderr
     assert "ready at" not in result.stdout and "restarting" not in result.stdout
     assert starts(tmp_path) == [port]  # started once, never restarted
 
@@ -60,7 +59,7 @@ def test_serve_reports_a_sigill_at_the_first_completion_and_exits(tmp_path):
 @pytest.mark.timeout(120)
 def test_serve_reports_an_http_error_of_the_first_completion(tmp_path):
     (port,) = free_ports(1)
-    result = subprocess.run([sys.executable, "scripts/local_model.py", "serve", "--role", "compaction",
+    result = subprocess.run([sys.executable, "scripts/model_server.py", "--role", "compaction",
                              "--port", str(port)], cwd=ROOT, env=standin_env(tmp_path, "http500"),
                             capture_output=True, text=True, timeout=90)
     assert result.returncode == 1
@@ -75,13 +74,14 @@ def test_serve_announces_only_after_the_one_token_completion_and_stops_on_sigter
     (port,) = free_ports(1)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    proc = subprocess.Popen([sys.executable, "scripts/local_model.py", "serve", "--port", str(port)], cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, "scripts/model_server.py", "--port", str(port)], cwd=ROOT,
                             env=standin_env(tmp_path, "ok", DEV_RUN_DIR=str(run_dir)), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:
         line = proc.stdout.readline()
         assert line.startswith(f"local model: qwen2.5-coder-0.5b-instruct ready at http://127.0.0.1:{port}/v1 "
-                               "for chat (CPU backend unknown; one-token check "), line
+                               "for chat (llama.cpp server, xllamacpp "), line
+        assert "; one-token check " in line, line
         assert (run_dir / f"model-{port}.ready").exists()
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -92,7 +92,7 @@ def test_serve_announces_only_after_the_one_token_completion_and_stops_on_sigter
 @pytest.mark.timeout(180)
 def test_a_crash_after_the_check_is_restarted_with_a_line_each_time_then_given_up(tmp_path):
     (port,) = free_ports(1)
-    proc = subprocess.Popen([sys.executable, "scripts/local_model.py", "serve", "--port", str(port)], cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, "scripts/model_server.py", "--port", str(port)], cwd=ROOT,
                             env=standin_env(tmp_path, "segv-chat"), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     lines = []
@@ -125,9 +125,9 @@ def test_a_crash_after_the_check_is_restarted_with_a_line_each_time_then_given_u
 
 
 def lm_max_crashes() -> int:
-    from scripts import local_model
+    from scripts import model_server
 
-    return local_model.MAX_CRASHES
+    return model_server.MAX_CRASHES
 
 
 @pytest.mark.timeout(240)

@@ -7,9 +7,10 @@ cheap.  Outcomes:
 - ``"down"``: the connection is refused or reset, times out while connecting, the server closes it without an
   answer (a crashed process), or answers 5xx, 401 or 403 (every turn would fail the same way);
 - ``"up"``: any other HTTP answer (some OpenAI-compatible servers have no ``/models``: a 404 still shows a
-  live server), or the connection was accepted but the answer is slow: llama-cpp-python's server answers
-  ``/models`` only between completions, so while a long reply streams the probe waits in its queue; a busy
-  server is not a dead one.
+  live server), or the connection was accepted but the answer is slow: some single-threaded servers answer
+  ``/models`` only between completions, so while a long reply streams the probe waits in their queue; a busy
+  server is not a dead one.  (llama.cpp's own server, the bundled model's, answers it from its HTTP threads at
+  any time, 503 while it loads the model.)
 
 Never raises; exception text is only logged, as its type name.  Uses ``requests`` (pinned in
 ``requirements.txt``), which honours the same proxy variables as the ``openai`` SDK's client.

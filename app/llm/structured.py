@@ -4,9 +4,10 @@ Providers differ in how they take a schema, so a call tries these ``response_for
 in order (``MODES``):
 
 1. ``json_schema``: ``{"type": "json_schema", "json_schema": {name, schema, "strict": true}}``
-   (OpenAI, vLLM, recent Ollama), with the strict form of the schema (no string lengths);
+   (OpenAI, vLLM, recent Ollama, llama.cpp's own server, which serves the bundled model and
+   turns the schema into a grammar), with the strict form of the schema (no string lengths);
 2. ``json_object_schema``: ``{"type": "json_object", "schema": {...}}`` (llama-cpp-python's
-   server, which answers HTTP 500 to ``json_schema`` and turns the schema into a grammar);
+   server, which answers HTTP 500 to ``json_schema``);
 3. ``json_object``: ``{"type": "json_object"}`` (DeepSeek and other JSON-mode-only servers).
 
 A mode the provider refuses (HTTP 400, 422, 500 or 501 naming ``response_format`` or a
@@ -53,8 +54,8 @@ _FENCE_RE = re.compile(r"^\s*```(?:json)?\s*(.*?)\s*```\s*$", re.DOTALL)
 ANSWER_ATTEMPTS = 2
 PROBLEM_CHARS = 200
 
-# llama.cpp turns a schema into a grammar with one rule per repeated character: a ``maxLength`` much
-# above 1000 makes it refuse the grammar ("exceeds sane defaults") and llama-cpp-python 0.3.36 then
+# llama-cpp-python turns a schema into a grammar with one rule per repeated character: a ``maxLength`` much
+# above 1000 makes it refuse the grammar ("exceeds sane defaults") and its version 0.3.36 then
 # crashes (SIGSEGV) instead of answering an error.  Such limits are left out of the schema sent in the
 # ``json_object_schema`` mode; the parsed answer is validated against the real limits all the same.
 GRAMMAR_MAX_LENGTH = 1000

@@ -2,7 +2,8 @@
 
 Some OpenAI-compatible servers refuse parts of the API: ``tools`` (older llama.cpp or vLLM
 builds, some Ollama models), ``response_format`` ``json_schema`` (llama-cpp-python's server
-answers HTTP 500), or a ``schema`` inside ``json_object``.  The first refusal is recorded for
+answers HTTP 500; llama.cpp's own server, the bundled model's, takes it), or a ``schema`` inside
+``json_object``.  The first refusal is recorded for
 the provider's base URL in one Redis hash, ``caps:<digest>`` (``keys.provider_caps_key``), a
 field ``"1"`` per refused feature, with a day's TTL: every web process and Celery worker then
 skips the feature, and a provider upgrade is noticed again the next day.

@@ -1,0 +1,389 @@
+"""Serve the bundled GGUF on one loopback port with llama.cpp's own OpenAI-compatible server (README: The bundled model).
+
+The server is llama.cpp's C++ ``llama-server`` from the prebuilt ``xllamacpp`` wheel (PyPI, pinned in
+``requirements-local.txt``; a manylinux build for x86-64 CPUs with AVX2): no compiler and no per-CPU build.
+``make run`` starts two of these processes on the same file (``Procfile.dev``): ``--role chat`` (port 8089) for
+chat turns and ``--role compaction`` (port 8090), so a turn never queues behind a compaction.
+
+Two processes per server: this supervisor, in the foreground for honcho, and a child (``child`` below) that holds
+the ``xllamacpp.Server``.  Before it announces the address the supervisor makes sure the server can compute: it
+waits for ``GET /v1/models`` to answer 200 (llama.cpp answers 503 while it loads the model), then asks for a
+one-token completion.  If the child crashes or fails there, it prints one line naming the cause (for a crash the
+signal, e.g. "an illegal instruction (SIGILL)") and what to do, and exits with status 1.  A child that dies after
+passing its check is restarted and checked again, at most ``MAX_CRASHES`` times in ``CRASH_WINDOW`` seconds.
+
+Server settings (``server_params``), each for a reason:
+
+- one slot (``n_parallel=1``): a second request waits for the first; with two slots a long prompt on one stalls
+  the other (llama.cpp has no chunked prefill), which is why compaction has its own server;
+- no prompt cache in RAM (``cache_ram_mib=0``, ``cache_idle_slots=False``) and no context checkpoints: the only
+  cached state is the slot's own KV cache, i.e. the tokens of the previous request.  A new request keeps of it
+  only the tokens equal to its own prompt (the common prefix, and on the chat server chunks of at least
+  ``n_cache_reuse`` equal tokens); everything else is dropped before the prompt is read.  No state saved from an
+  earlier request (another session's) can be restored into a new one; no ``/slots`` endpoint, no slot files;
+- prefix reuse on the chat server: ``cache_prompt`` (llama.cpp's default) reuses the common prefix of the previous
+  request; ``n_cache_reuse`` (``LOCAL_MODEL_CACHE_REUSE``, default 256 tokens) also reuses later runs of at least
+  that many equal tokens, shifted in place, so a turn after a compaction need not read its unchanged recent turns
+  again.  The compaction server has no chunk reuse (each compaction prompt is new);
+- ``n_ctx``: ``MODEL_CONTEXT_TOKENS`` (default 8192), the app's budget; threads: half the CPUs per server, both
+  for decoding and prompt processing (``LOCAL_MODEL_THREADS`` overrides);
+- the GGUF file's own chat template (Jinja), and llama.cpp's native ``response_format`` ``json_schema``.
+
+``LOCAL_MODEL_SERVER_MODULE`` runs ``python -m <module> --port N ...`` instead of the child (tests use stand-ins).
+
+Usage::
+
+    python scripts/model_server.py --role chat --port 8089
+    python scripts/model_server.py --role compaction --port 8090
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import local_model  # noqa: E402  scripts/local_model.py, beside this script
+
+MODEL_NAME = local_model.MODEL_NAME
+DEFAULT_HOST = local_model.DEFAULT_HOST
+CONTEXT_TOKENS = 8192  # default window, tokens
+CACHE_REUSE_TOKENS = 256  # chat server: smallest run of equal tokens reused by shifting (LOCAL_MODEL_CACHE_REUSE)
+MAX_CRASHES = 3  # crashes after a passed start check tolerated within CRASH_WINDOW (each restart is checked again)
+CRASH_WINDOW = 300.0  # seconds
+START_CHECK_TIMEOUT = 120.0  # seconds for the one-token completion (a cold page cache on a busy machine)
+HOSTED = "or use a hosted provider (set OPENAI_BASE_URL and/or OPENAI_API_KEY)"
+
+
+def default_threads() -> int:
+    """CPU threads per server: half the CPUs, at least 1 (two servers share the machine)."""
+    return max(1, (os.cpu_count() or 2) // 2)
+
+
+def server_version() -> str:
+    """``"xllamacpp <version>"`` of the installed wheel, or ``"xllamacpp (not installed)"``."""
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+        return f"xllamacpp {version('xllamacpp')}"
+    except PackageNotFoundError:
+        return "xllamacpp (not installed)"
+
+
+def server_settings(role: str, environ=os.environ) -> dict:
+    """The settings of one server, plain values (what ``server_params`` sets and the child logs).
+
+    Keys: ``n_ctx`` (tokens), ``threads``, ``n_parallel`` (slots), ``cache_ram_mib`` (0: no RAM prompt cache),
+    ``cache_idle_slots``, ``n_ctx_checkpoints``, ``cache_prompt``, ``n_cache_reuse`` (tokens; 0 off).
+    """
+    reuse = 0
+    if role == "chat":
+        reuse = int(environ.get("LOCAL_MODEL_CACHE_REUSE") or CACHE_REUSE_TOKENS)
+    return {"n_ctx": int(environ.get("MODEL_CONTEXT_TOKENS") or CONTEXT_TOKENS),
+            "threads": int(environ.get("LOCAL_MODEL_THREADS") or default_threads()),
+            "n_parallel": 1, "cache_ram_mib": 0, "cache_idle_slots": False, "n_ctx_checkpoints": 0,
+            "cache_prompt": True, "n_cache_reuse": reuse}
+
+
+def server_params(model: Path, host: str, port: int, settings: dict):
+    """An ``xllamacpp.CommonParams`` for ``server_settings`` (see the module docstring)."""
+    import xllamacpp
+
+    params = xllamacpp.CommonParams()
+    params.model.path = str(model)
+    params.model_alias = {MODEL_NAME}
+    params.hostnames = [host]
+    params.port = port
+    params.n_ctx = settings["n_ctx"]
+    params.cpuparams.n_threads = settings["threads"]
+    params.cpuparams_batch.n_threads = settings["threads"]
+    params.n_parallel = settings["n_parallel"]
+    params.kv_unified = False
+    params.cache_ram_mib = settings["cache_ram_mib"]
+    params.cache_idle_slots = settings["cache_idle_slots"]
+    params.n_ctx_checkpoints = settings["n_ctx_checkpoints"]
+    params.cache_prompt = settings["cache_prompt"]
+    params.n_cache_reuse = settings["n_cache_reuse"]
+    params.endpoint_slots = False
+    params.slot_save_path = ""
+    params.use_jinja = True
+    return params
+
+
+def child(argv: list[str]) -> int:
+    """The server process: load the model, serve until SIGTERM/SIGINT, exit 0."""
+    parser = argparse.ArgumentParser(prog="model_server.py child")
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--host", required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--role", required=True)
+    args = parser.parse_args(argv)
+    import xllamacpp
+
+    settings = server_settings(args.role)
+    print(f"local model: starting llama.cpp ({server_version()}) for {args.role}: "
+          + ", ".join(f"{k}={v}" for k, v in settings.items()), flush=True)
+    try:
+        server = xllamacpp.Server(server_params(Path(args.model), args.host, args.port, settings))
+    except RuntimeError:
+        print("local model: llama.cpp could not start the server (see its messages above)", file=sys.stderr,
+              flush=True)
+        return 1
+    # llama.cpp installed its own SIGTERM/SIGINT handlers, which stop its loop but not this process: take them back.
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    while not stop.wait(0.5):
+        pass
+    del server  # stops the HTTP server and the loop, frees the model
+    sys.stdout.flush()
+    os._exit(0)
+
+
+def child_argv(model: Path, host: str, port: int, role: str) -> list[str]:
+    """The command line of the server process (a stand-in's with ``LOCAL_MODEL_SERVER_MODULE``)."""
+    rest = ["--model", str(model), "--host", host, "--port", str(port), "--role", role]
+    module = os.environ.get("LOCAL_MODEL_SERVER_MODULE")
+    if module:
+        return [sys.executable, "-m", module, *rest]
+    return [sys.executable, str(Path(__file__).resolve()), "child", *rest]
+
+
+SIGNAL_TEXT = {
+    signal.SIGILL: "an illegal instruction (SIGILL)",
+    signal.SIGSEGV: "a segmentation fault (SIGSEGV)",
+    signal.SIGBUS: "a bus error (SIGBUS)",
+    signal.SIGABRT: "an abort (SIGABRT)",
+    signal.SIGFPE: "an arithmetic fault (SIGFPE)",
+    signal.SIGKILL: "SIGKILL (killed, often by the kernel when memory runs out)",
+}
+
+
+def describe_exit(code: int, when: str = "") -> str:
+    """Words for an exit status and what to do, e.g. ``"crashed with an illegal instruction (SIGILL) at its
+    first completion: the prebuilt llama.cpp needs a CPU with AVX2 ..."``.
+
+    Args:
+        code: ``Popen.returncode`` (negative: killed by that signal).
+        when: e.g. ``" at its first completion"``.
+    """
+    if code >= 0:
+        return f"exited with code {code}{when}: see its messages above, {HOSTED}"
+    try:
+        sig = signal.Signals(-code)
+    except ValueError:
+        return f"was stopped by signal {-code}{when}: see its messages above, {HOSTED}"
+    what = f"crashed with {SIGNAL_TEXT.get(sig, sig.name)}{when}"
+    if sig == signal.SIGILL:
+        return (f"{what}: the prebuilt llama.cpp (xllamacpp) needs an x86-64 CPU with AVX2, AVX, FMA and F16C, "
+                f"which this machine does not allow; {HOSTED}")
+    if sig == signal.SIGKILL:
+        return f"{what}: free some memory (each model server needs about 0.6 GB), {HOSTED}"
+    return f"{what}: see its messages above, {HOSTED}"
+
+
+class StartFailure(Exception):
+    """The server did not pass its start check; the message is the cause and what to do, one line."""
+
+
+class Stopped(Exception):
+    """A stop signal arrived during the start check."""
+
+
+def _post_json(url: str, payload: dict, timeout: float) -> dict:
+    request = urllib.request.Request(url, data=json.dumps(payload).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as resp:
+        return json.loads(resp.read() or b"{}")
+
+
+def _exit_code(proc: subprocess.Popen, wait: float) -> int | None:
+    try:
+        return proc.wait(wait)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def start_check(proc: subprocess.Popen, base_url: str, *, load_timeout: float, stopping: threading.Event,
+                completion_timeout: float = START_CHECK_TIMEOUT) -> float:
+    """Wait until the server answers ``GET /models`` with 200, then ask it for a one-token completion.
+
+    Returns:
+        seconds the completion took.
+
+    Raises:
+        StartFailure: it exited or crashed (the message names the signal), answered an HTTP error, or did not
+            answer within ``load_timeout`` / ``completion_timeout`` seconds.
+        Stopped: ``stopping`` was set meanwhile.
+    """
+    deadline = time.monotonic() + load_timeout
+    while True:
+        if stopping.is_set():
+            raise Stopped()
+        code = proc.poll()
+        if code is not None:
+            raise StartFailure(describe_exit(code, " while loading the model"))
+        try:
+            with urllib.request.urlopen(f"{base_url}/models", timeout=2) as resp:
+                if resp.status == 200:
+                    break
+        except OSError:  # not listening yet, or 503 while the model loads (HTTPError is an OSError)
+            pass
+        if time.monotonic() > deadline:
+            raise StartFailure(f"no answer from {base_url}/models within {load_timeout:.0f} s: see its messages "
+                               f"above, {HOSTED}")
+        stopping.wait(0.25)
+    started = time.monotonic()
+    try:
+        answer = _post_json(f"{base_url}/completions", {"model": MODEL_NAME, "prompt": "Hello", "max_tokens": 1,
+                                                          "temperature": 0}, completion_timeout)
+    except urllib.error.HTTPError as exc:
+        if stopping.is_set():
+            raise Stopped() from None
+        code = _exit_code(proc, 0.5)  # (it answered, so it is most likely alive)
+        if code is not None:
+            raise StartFailure(describe_exit(code, " at its first completion")) from None
+        raise StartFailure(f"answered HTTP {exc.code} to a one-token completion: see its messages above, "
+                           f"{HOSTED}") from None
+    except (OSError, ValueError, http.client.HTTPException) as exc:  # refused, reset, cut short, not JSON
+        if stopping.is_set():
+            raise Stopped() from None
+        code = _exit_code(proc, 5.0)
+        if code is not None:
+            raise StartFailure(describe_exit(code, " at its first completion")) from None
+        if isinstance(exc, TimeoutError) or isinstance(getattr(exc, "reason", None), TimeoutError):
+            raise StartFailure(f"did not finish a one-token completion within {completion_timeout:.0f} s: the "
+                               f"machine may be overloaded; see its messages above, {HOSTED}") from None
+        raise StartFailure(f"gave no usable answer to a one-token completion ({type(exc).__name__}): see its "
+                           f"messages above, {HOSTED}") from None
+    if not (isinstance(answer, dict) and answer.get("choices")):
+        raise StartFailure(f"answered a one-token completion without a choice: see its messages above, {HOSTED}")
+    return time.monotonic() - started
+
+
+def _status_file(port: int, kind: str) -> Path | None:
+    """``$DEV_RUN_DIR/model-<port>.<kind>`` (``scripts/dev.py`` reads them), or None outside ``make run``."""
+    run_dir = os.environ.get("DEV_RUN_DIR")
+    return Path(run_dir) / f"model-{port}.{kind}" if run_dir else None
+
+
+def _fail(port: int, text: str) -> int:
+    line = f"local model: error: {text}"
+    print(line, file=sys.stderr, flush=True)
+    failed = _status_file(port, "error")
+    if failed is not None:
+        with contextlib.suppress(OSError):
+            failed.write_text(line + "\n")
+    return 1
+
+
+def _stop(proc: subprocess.Popen) -> int:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            return proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    return proc.wait()
+
+
+def serve(host: str, port: int, timeout: float, role: str = "chat") -> int:
+    """Run the model server in the foreground until it is signalled; return the exit status.
+
+    SIGTERM/SIGINT are passed on to the server process.  Each start is checked (``start_check``) before the
+    address is announced; a failed check stops the server and returns 1 after one line naming the cause.  A
+    server that dies after passing its check is restarted and checked again, each time with a line saying so,
+    at most ``MAX_CRASHES`` times within ``CRASH_WINDOW`` seconds; then it returns 1.
+    """
+    what = f"the {role} model server ({host}:{port})"
+    if not os.environ.get("LOCAL_MODEL_SERVER_MODULE"):
+        try:
+            import xllamacpp  # noqa: F401
+        except ImportError:
+            return _fail(port, f"{what} cannot start: xllamacpp is not installed (run `make model`), {HOSTED}")
+    model = local_model.fetch()
+    base_url = f"http://{host}:{port}/v1"
+    stopping = threading.Event()
+    current: list[subprocess.Popen] = []
+
+    def forward(signum, _frame):
+        stopping.set()
+        if current and current[-1].poll() is None:
+            current[-1].send_signal(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    ready = _status_file(port, "ready")
+    crashes: list[float] = []
+    while True:
+        started = time.monotonic()
+        proc = subprocess.Popen(child_argv(model, host, port, role))
+        current[:] = [proc]
+        try:
+            check_s = start_check(proc, base_url, load_timeout=timeout, stopping=stopping)
+        except Stopped:
+            _stop(proc)
+            return 0
+        except StartFailure as exc:
+            _stop(proc)
+            if stopping.is_set():
+                return 0
+            return _fail(port, f"{what} {exc}")
+        if ready is not None:
+            with contextlib.suppress(OSError):
+                ready.touch()
+        print(f"local model: {MODEL_NAME} ready at {base_url} for {role} (llama.cpp server, {server_version()}; "
+              f"one-token check {check_s:.1f} s; up in {time.monotonic() - started:.1f} s)", flush=True)
+        code = proc.wait()
+        if ready is not None:
+            with contextlib.suppress(OSError):
+                ready.unlink(missing_ok=True)
+        if stopping.is_set() or code == 0:
+            return 0
+        now = time.monotonic()
+        crashes = [t for t in crashes if now - t < CRASH_WINDOW] + [now]
+        cause = describe_exit(code, f" after {now - started:.0f} s of service")
+        head, _, advice = cause.partition(": ")
+        if len(crashes) > MAX_CRASHES:
+            return _fail(port, f"{what} {head}, the {len(crashes)}th time in {CRASH_WINDOW:.0f} s; giving up: "
+                               f"{advice}")
+        print(f"local model: {what} {head}; restarting it and checking it again "
+              f"({len(crashes)} of {MAX_CRASHES} restarts allowed in {CRASH_WINDOW:.0f} s)", flush=True)
+        if stopping.wait(1.0):
+            return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["child"]:
+        return child(argv[1:])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--host", default=DEFAULT_HOST)
+    parser.add_argument("--port", type=int, default=int(os.environ.get("LOCAL_MODEL_PORT",
+                                                                       local_model.DEFAULT_PORT)))
+    parser.add_argument("--role", choices=("chat", "compaction"), default="chat",
+                        help="what the server is for (named in its messages; chat reuses prompt chunks)")
+    parser.add_argument("--timeout", type=float, default=120.0,
+                        help="seconds to wait for the server to load the model (default 120)")
+    args = parser.parse_args(argv)
+    try:
+        return serve(args.host, args.port, args.timeout, args.role)
+    except local_model.ModelError as exc:
+        print(f"local model: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

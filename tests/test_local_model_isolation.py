@@ -1,0 +1,165 @@
+"""Sessions never see each other's cache on the bundled model's server (README: The bundled model).
+
+The chat server has one slot and keeps prompt state only in that slot (no RAM prompt cache, no saved slots;
+``scripts/model_server.py``), so two sessions chatting at once make it switch the slot between them on almost
+every request.  Through the real app (served on loopback, the test Redis) and the real bundled model
+(``scripts/model_server.py --role chat``), two browser sessions chat at the same time, each with its own planted
+word.  Every request the app sent to the model and every answer the model streamed back is recorded by a
+forwarding HTTP proxy between them.  Expected: each session's prompts hold its own word and never the other's;
+no answer (as streamed by the server, and as the session received it) holds the other session's word; and
+the two sessions' requests really alternated on the one slot.
+
+Needs the verified GGUF file (``make test`` fetches it first).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from scripts import local_model
+from tests.fixtures.live_app import ChatClient, answer_text
+from tests.test_model_health import start_model_server, stop_model_server
+from tests.test_e2e_local_model import free_ports
+
+WORDS = {"a": "MARZIPANTO", "b": "QUILBERRY"}
+TURNS = [
+    "Remember this: my secret code word is {word}. Reply with the code word only.",
+    "Write one short sentence about the sea.",
+    "What is my secret code word? Answer with the word only.",
+]
+
+
+class RecordingProxy:
+    """A real HTTP server on loopback that forwards every request to ``upstream`` (host, port) and records, per
+    ``POST .../chat/completions``, the request body and the answer text the server streamed back."""
+
+    def __init__(self, upstream: tuple[str, int]):
+        self.exchanges: list[dict] = []
+        self.lock = threading.Lock()
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *_args):
+                pass
+
+            def _forward(self, method: str):
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                conn = http.client.HTTPConnection(*upstream, timeout=300)
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "content-length")}
+                conn.request(method, self.path, body=body or None, headers=headers)
+                resp = conn.getresponse()
+                self.send_response(resp.status)
+                for key, value in resp.getheaders():
+                    if key.lower() not in ("content-length", "transfer-encoding", "connection"):
+                        self.send_header(key, value)
+                self.send_header("Transfer-Encoding", "chunked")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                received = []
+                while chunk := resp.read1(65536):
+                    received.append(chunk)
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                    self.wfile.flush()
+                self.wfile.write(b"0\r\n\r\n")
+                conn.close()
+                if method == "POST" and self.path.endswith("/chat/completions"):
+                    with owner.lock:
+                        owner.exchanges.append({"request": json.loads(body), "status": resp.status,
+                                                "answer": streamed_text(b"".join(received))})
+
+            def do_GET(self):
+                self._forward("GET")
+
+            def do_POST(self):
+                self._forward("POST")
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def streamed_text(raw: bytes) -> str:
+    """The content of an answer: the ``delta.content`` of each SSE event, or ``message.content`` of a JSON body."""
+    text = raw.decode("utf-8", errors="replace")
+    if not text.lstrip().startswith("data:"):
+        body = json.loads(text)
+        return "".join(c["message"].get("content") or "" for c in body.get("choices", []))
+    parts = []
+    for line in text.splitlines():
+        if line.startswith("data:") and line[5:].strip() not in ("", "[DONE]"):
+            for choice in json.loads(line[5:]).get("choices", []):
+                parts.append((choice.get("delta") or {}).get("content") or "")
+    return "".join(parts)
+
+
+def prompt_text(request: dict) -> str:
+    return "\n".join(str(m.get("content")) for m in request.get("messages", []))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_two_sessions_at_once_never_see_each_others_words(make_live_app, settings, tmp_path):
+    (port,) = free_ports(1)
+    model = start_model_server(port, tmp_path / "model.log")
+    proxy = RecordingProxy(("127.0.0.1", port))
+    try:
+        live = make_live_app(settings.with_overrides(
+            openai_base_url=proxy.url, openai_api_key="local", chat_model=local_model.MODEL_NAME,
+            compaction_model=local_model.MODEL_NAME, bundled_model=True, tools_enabled=False,
+            reserved_output_tokens=40))
+        answers: dict[str, list[str]] = {"a": [], "b": []}
+        errors: list[BaseException] = []
+        start = threading.Barrier(2)
+
+        def chat(name: str):
+            client = ChatClient(live).connect(timeout=120)
+            try:
+                start.wait(60)
+                for n, text in enumerate(TURNS, start=1):
+                    frames = client.turn(text.format(word=WORDS[name]), message_id=f"{name}-{n}", timeout=300)
+                    assert frames[-1]["type"] == "done" and frames[-1]["status"] == "completed", frames
+                    answers[name].append(answer_text(frames))
+            except BaseException as exc:  # reported below, from the test's thread
+                errors.append(exc)
+            finally:
+                client.close()
+
+        threads = [threading.Thread(target=chat, args=(name,)) for name in WORDS]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(600)
+        assert errors == []
+        assert [len(answers[name]) for name in WORDS] == [len(TURNS)] * 2
+    finally:
+        proxy.close()
+        stop_model_server(model)
+
+    exchanges = proxy.exchanges
+    assert len(exchanges) == 2 * len(TURNS) and {e["status"] for e in exchanges} == {200}
+    owners = []
+    for exchange in exchanges:
+        prompt, answer = prompt_text(exchange["request"]), exchange["answer"]
+        mine = [name for name, word in WORDS.items() if word in prompt]
+        assert len(mine) == 1, prompt  # each prompt holds its own session's word only
+        owners.append(mine[0])
+        other = WORDS["b" if mine[0] == "a" else "a"]
+        assert other.lower() not in answer.lower(), (mine, answer)
+    assert sorted(owners) == ["a"] * len(TURNS) + ["b"] * len(TURNS)
+    # the slot really changed hands: the sessions' requests interleaved
+    switches = sum(1 for x, y in zip(owners, owners[1:]) if x != y)
+    assert switches >= 2, owners
+    for name, said in answers.items():
+        other = WORDS["b" if name == "a" else "a"]
+        assert [text for text in said if other.lower() in text.lower()] == [], (name, said)
