@@ -45,6 +45,17 @@ class FrameWriter:
                 self.closed = True
                 return False
 
+    def close(self, code: int, reason: str) -> None:
+        """Close the socket with ``code`` and ``reason`` (after any frame being sent); nothing raised."""
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            try:
+                self._ws.close(reason=code, message=reason)
+            except (ConnectionClosed, OSError):
+                pass
+
     def error(self, code: str, message: str) -> bool:
         """Send ``{"type":"error","code","message"}``."""
         return self.send({"type": "error", "code": code, "message": message})
