@@ -28,9 +28,11 @@ for i = 1, 3 do
     repaired = 1
   end
 end
-local gen = (counter(now[1]) or base) + 1
-local clr = (counter(now[2]) or base) + 1
-local version = (counter(now[3]) or base) + 1
+local function next_value(value)
+  if not value then return 1 end  -- absent: as HINCRBY would count it
+  return (counter(value) or base) + 1
+end
+local gen, clr, version = next_value(now[1]), next_value(now[2]), next_value(now[3])
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'gen', gen, 'clr', clr, 'v', version,
   'messages', '[]', 'summary', '', 'pins', '[]', 'notes', '[]')
