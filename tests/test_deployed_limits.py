@@ -7,7 +7,7 @@ WebSocket, close codes; README: Deployment).
   closed sockets give their places back.
 - ``WS_IDLE_TIMEOUT_SECONDS=2``: a socket that sends nothing is closed with 4408; one waiting for a long answer
   is not, nor one that keeps sending.
-- The page (a real Chromium on the app) reconnects by itself after an idle close and chats on.
+- The page (a real Chromium on the deployed web) sees the clean 4408 close, reconnects by itself and chats on.
 """
 
 from __future__ import annotations
@@ -25,6 +25,21 @@ from tests.polling import wait_until
 from tests.test_deployed_web import Visitor, deployed_web
 
 PER_WORKER, WORKERS, PER_SESSION = 6, 2, 4
+# Counts the page's sockets and records each close as [code, wasClean] (the page's own code is unchanged).
+RECORD_CLOSES = """
+(() => {
+  const Native = window.WebSocket;
+  window.__closes = []; window.__opened = 0;
+  class Recorded extends Native {
+    constructor(...args) {
+      super(...args);
+      window.__opened += 1;
+      this.addEventListener("close", (e) => window.__closes.push([e.code, e.wasClean]));
+    }
+  }
+  window.WebSocket = Recorded;
+})();
+"""
 
 
 @pytest.fixture(scope="module")
@@ -155,17 +170,17 @@ def texts_of(visitor: Visitor) -> list[str]:
 
 
 @pytest.mark.browser
-def test_the_page_reconnects_by_itself_after_an_idle_close(browser_page, make_live_app, app_settings, fake_llm):
-    server = make_live_app(app_settings.with_overrides(ws_idle_timeout=1.5))
-    fake_llm.default = Reply(text="Welcome back.")
+def test_the_page_reconnects_by_itself_after_an_idle_close(browser_page, idle_web):
+    server = idle_web
+    server.model.default = Reply(text="Welcome back.")
     page = browser_page
-    opened = []
-    page.on("websocket", opened.append)
+    page.add_init_script(RECORD_CLOSES)
     page.goto(server.url + "/")
     page.wait_for_selector('[data-testid="connection"][data-state="connected"]')
-    wait_until(lambda: opened and opened[0].is_closed(), timeout=20, message="the idle close")
+    page.wait_for_function("() => window.__closes.length >= 1", timeout=20000)
+    assert page.evaluate("window.__closes[0]") == [4408, True]  # the server closed it as idle, cleanly
     page.get_by_test_id("message-input").press("a")  # the person is back (a key), if the page was not focused
-    wait_until(lambda: len(opened) >= 2, timeout=20, message="a new socket")
+    page.wait_for_function("() => window.__opened >= 2", timeout=20000)
     page.wait_for_selector('[data-testid="connection"][data-state="connected"]')
     box = page.get_by_test_id("message-input")
     box.fill("Are you there?")
