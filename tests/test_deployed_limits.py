@@ -19,6 +19,7 @@ import pytest
 import requests
 import websocket
 
+from app.settings import ConfigError, Settings
 from tests.fake_llm import FakeLLM, Reply, words
 from tests.fixtures.live_app import answer_text
 from tests.polling import wait_until
@@ -95,6 +96,18 @@ def close_code(ws: websocket.WebSocket) -> int:
     frame = ws.recv_frame()
     assert frame.opcode == websocket.ABNF.OPCODE_CLOSE, frame.data
     return int.from_bytes(frame.data[:2], "big")
+
+
+def test_the_socket_settings_keep_connections_for_http():
+    assert Settings.from_env({}).ws_per_worker_limit == 48  # WEB_THREADS=64
+    env = {"WEB_THREADS": "8"}
+    assert Settings.from_env(env).ws_per_worker_limit == PER_WORKER
+    assert (Settings.from_env({}).ws_idle_timeout, Settings.from_env({}).ws_max_per_session) == (300.0, 8)
+    assert Settings.from_env({**env, "WS_MAX_PER_WORKER": "7"}).ws_per_worker_limit == 7
+    with pytest.raises(ConfigError, match="^WS_MAX_PER_WORKER must be smaller than WEB_THREADS"):
+        Settings.from_env({**env, "WS_MAX_PER_WORKER": "8"})
+    with pytest.raises(ConfigError, match="^WS_IDLE_TIMEOUT_SECONDS must be positive"):
+        Settings.from_env({"WS_IDLE_TIMEOUT_SECONDS": "0"})
 
 
 def test_idle_sockets_cannot_take_every_connection_and_each_session_has_a_cap(limited):
