@@ -311,3 +311,4 @@ def test_with_redis_refusing_writes_done_says_not_saved_and_healthz_says_degrade
     frames = chat.turn("stored again", timeout=30)
     assert "saved" not in frames[-1] and frames[-1]["status"] == "completed"
     assert texts(visitor.thread()) == ["stored first", ANSWER, "stored again", ANSWER]
+

@@ -36,7 +36,7 @@ class FrameWriter:
         try:
             data = orjson.dumps(frame).decode()  # a few times faster than json.dumps, on every delta frame
         except TypeError:  # what orjson refuses (a lone surrogate, a huge int) json still writes
-            data = json.dumps(frame, ensure_ascii=False, separators=(",", ":"))
+            data = json.dumps(frame, separators=(",", ":"))  # escaped: a lone surrogate cannot be UTF-8
         with self._lock:
             if self.closed:
                 return False
