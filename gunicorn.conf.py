@@ -62,6 +62,8 @@ def child_exit(server, worker):
 # Accept no more connections than WEB_THREADS per worker.  gthread: each open websocket holds a
 # thread; without this a worker accepts sockets it cannot serve while another worker idles.
 # gevent: each holds a greenlet; the same bound keeps the sockets spread over the workers.
+# Websockets alone never take all of them: the app closes those beyond WS_MAX_PER_WORKER (fewer than
+# WEB_THREADS) with 1013, and idle ones after WS_IDLE_TIMEOUT_SECONDS (README: Deployment).
 worker_connections = int(os.environ.get("WEB_THREADS", "64"))
 if worker_class == "gthread":
     # With no more connections than threads gthread can keep no idle HTTP connection open: say so here

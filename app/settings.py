@@ -235,6 +235,15 @@ class Settings(BaseSettings):
     # The broker's visibility timeout; 0 derives it from the time limit and the retries.
     compaction_visibility_timeout: int = Field(0, validation_alias="COMPACTION_VISIBILITY_TIMEOUT_SECONDS", ge=0)
     web_threads: int = Field(64, validation_alias="WEB_THREADS", ge=1)
+    # A websocket that sends no frame for this long, with no turn in flight, is closed (code 4408).
+    ws_idle_timeout: float = Field(300.0, validation_alias="WS_IDLE_TIMEOUT_SECONDS", gt=0)
+    # Open websockets of one session across every web process (code 4429 beyond it).
+    ws_max_per_session: int = Field(8, validation_alias="WS_MAX_PER_SESSION", ge=1)
+    # Open websockets per web worker process (code 1013 beyond it); 0: derived from WEB_THREADS
+    # (``ws_per_worker_limit``), always below it so HTTP requests keep a connection slot.
+    ws_max_per_worker: int = Field(0, validation_alias="WS_MAX_PER_WORKER", ge=0)
+    # How long /healthz trusts its last store write probe (seconds; 0: probe on every call).
+    health_write_probe_interval: float = Field(10.0, validation_alias="HEALTH_WRITE_PROBE_SECONDS", ge=0)
     redis_socket_timeout: float = Field(2.0, validation_alias="REDIS_SOCKET_TIMEOUT_SECONDS", gt=0)
     debug_log_content: bool = Field(False, validation_alias="MEMORY_DEBUG_LOG_CONTENT")
     bundled_model: bool = Field(False, validation_alias="BUNDLED_MODEL")
@@ -296,6 +305,14 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _sockets_fit(self) -> "Settings":
+        if self.ws_max_per_worker and self.ws_max_per_worker >= self.web_threads:
+            raise PydanticCustomError(
+                "ws_per_worker", "WS_MAX_PER_WORKER must be smaller than WEB_THREADS (idle websockets would "
+                "otherwise take every connection of a worker and leave none for /healthz and page loads)")
+        return self
+
+    @model_validator(mode="after")
     def _wait_fits(self) -> "Settings":
         if self.memory_wait_replicas and self.memory_wait_timeout_ms >= 1000 * self.redis_socket_timeout:
             raise PydanticCustomError(
@@ -327,6 +344,14 @@ class Settings(BaseSettings):
     def production(self) -> bool:
         """True when ``APP_ENV=production``."""
         return self.env == "production"
+
+    @property
+    def ws_per_worker_limit(self) -> int:
+        """Open websockets one web worker serves: ``WS_MAX_PER_WORKER``, or else ``WEB_THREADS`` minus a
+        quarter of it (at least 2 kept for HTTP), at least 1.  64 threads: 48 sockets."""
+        if self.ws_max_per_worker:
+            return self.ws_max_per_worker
+        return max(1, self.web_threads - max(2, self.web_threads // 4))
 
     @property
     def prompt_budget(self) -> int:

@@ -356,18 +356,19 @@ def test_B7_bad_bytes_and_non_json_frames_get_an_error_and_change_nothing(chat):
     assert chat.turn("first")[-1]["status"] == "completed"
     before = chat.thread()
     bad_frames = [
-        b"\xff\xfe\xc3\x28 not utf-8 \x80",                      # binary frame, invalid UTF-8
-        b'{"type":"message","text":"binary json"}',              # binary frame, valid JSON: still refused
-        "this is not json",                                      # text frame, not JSON
-        '{"type":"message","text":"cut',                         # truncated JSON
-        "[1, 2, 3]",                                             # JSON, but not an object
-        '{"type":"message","text":"lone \\ud83d surrogate"}',    # JSON whose text is not valid Unicode
+        (b"\xff\xfe\xc3\x28 not utf-8 \x80", "invalid_json"),                  # binary frame, invalid UTF-8
+        (b'{"type":"message","text":"binary json"}', "invalid_json"),          # binary frame, valid JSON: still refused
+        ("this is not json", "invalid_json"),                                  # text frame, not JSON
+        ('{"type":"message","text":"cut', "invalid_json"),                     # truncated JSON
+        ("[1, 2, 3]", "invalid_json"),                                         # JSON, but not an object
+        ('{"type":"message","text":"lone \\ud83d surrogate"}', "invalid_text"),  # text that is not valid Unicode
+        ('{"type":"message","text":"nul \\u0000 inside"}', "invalid_text"),      # text holding NUL
     ]
-    for frame in bad_frames:
+    for frame, code in bad_frames:
         chat.send(frame)
         reply = chat.recv()
         assert reply["type"] == "error"
-        assert reply["code"] == "invalid_json"
+        assert reply["code"] == code
         assert isinstance(reply["message"], str) and reply["message"]
     assert chat.thread() == before
     frames = chat.turn("second")

@@ -47,10 +47,11 @@ def test_store_down_degrades_then_recovers_without_a_restart(own_redis, make_liv
     assert health.json() == {"status": "degraded", "store": "down", "model": "up"}
     assert_no_exception_text(health.text)
 
-    # A turn on the open socket still completes; it is simply not stored.
+    # A turn on the open socket still completes; it is simply not stored, and done says so.
     frames = browser.turn("during the outage")
     assert frames[0]["type"] == "start"
-    assert frames[-1] == {"type": "done", "status": "completed", "messageId": frames[0]["messageId"]}
+    assert frames[-1] == {"type": "done", "status": "completed", "messageId": frames[0]["messageId"],
+                          "saved": False, "reason": "store_unavailable"}
     assert answer_text(frames) == "The fake model answers."
     assert_no_exception_text(json.dumps(frames))
 

@@ -67,11 +67,23 @@ def test_invalid_json_in_the_hash_is_corrupt(store, redis_client, tid):
         store.load(tid)
 
 
-def test_redis_error_surfaces_as_store_unavailable(store, redis_client, tid):
+def test_a_state_key_that_is_not_a_hash_is_corrupt_and_clear_replaces_it(store, redis_client, tid):
     redis_client.set(ThreadKeys(tid).state, "x")  # HGETALL on a string: WRONGTYPE
-    with pytest.raises(StoreUnavailable) as info:
+    with pytest.raises(CorruptState):
         store.load(tid)
-    assert "WRONGTYPE" in str(info.value)  # for logs only; responses never carry it
+    assert store.clear(tid) == 1
+    assert store.load(tid) == ThreadState(version=1, gen=1, cleared=1)
+
+
+def test_redis_error_surfaces_as_store_unavailable(settings, tid):
+    from app.store.redis_client import make_redis
+    from tests.servers import free_port
+
+    client = make_redis(f"redis://127.0.0.1:{free_port()}/0", socket_timeout=0.5)
+    dead = ThreadStore(client, settings.limits, TTL)
+    with pytest.raises(StoreUnavailable) as info:
+        dead.load(tid)
+    assert "ConnectionError" in str(info.value)  # for logs only; responses never carry it
 
 
 # -- committing -----------------------------------------------------------------------------------------

@@ -164,7 +164,8 @@ def test_two_tabs_of_one_session_chat_at_once(live_app, fake_llm):
 
 
 def test_memory_failure_at_commit_still_completes(make_live_app, app_settings, fake_llm, own_redis):
-    """The store goes down mid-answer: the person still gets ``done`` completed and every piece of the text."""
+    """The store goes down mid-answer: the person still gets ``done`` completed (``"saved": false``) and every
+    piece of the text."""
     server = make_live_app(app_settings.with_overrides(redis_url=own_redis.url, redis_socket_timeout=0.5))
     client = ChatClient(server).connect()
     try:
@@ -175,7 +176,9 @@ def test_memory_failure_at_commit_still_completes(make_live_app, app_settings, f
         own_redis.stop()  # memory was read; the commit will fail
         rest = client.recv_until(lambda f: f["type"] == "done", timeout=10)
         frames = [f for f in head + rest if f["type"] != "memory"]
-        assert frames[-1] == {"type": "done", "status": "completed", "messageId": frames[0]["messageId"]}
+        # completed (the whole answer was streamed) but not saved, and the done frame says so
+        assert frames[-1] == {"type": "done", "status": "completed", "messageId": frames[0]["messageId"],
+                              "saved": False, "reason": "store_unavailable"}
         assert answer_text(frames) == "".join(tokens)
         assert not [f for f in frames if f["type"] == "error"]
 

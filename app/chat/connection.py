@@ -16,6 +16,8 @@ from simple_websocket import ConnectionClosed
 
 log = logging.getLogger(__name__)
 
+CLOSE_WAIT_SECONDS = 2.0  # longest wait for the peer's closing frame after the server closes
+
 
 class FrameWriter:
     """Serialises JSON frames onto one websocket.
@@ -34,7 +36,7 @@ class FrameWriter:
         try:
             data = orjson.dumps(frame).decode()  # a few times faster than json.dumps, on every delta frame
         except TypeError:  # what orjson refuses (a lone surrogate, a huge int) json still writes
-            data = json.dumps(frame, ensure_ascii=False, separators=(",", ":"))
+            data = json.dumps(frame, separators=(",", ":"))  # escaped: a lone surrogate cannot be UTF-8
         with self._lock:
             if self.closed:
                 return False
@@ -44,6 +46,25 @@ class FrameWriter:
             except (ConnectionClosed, OSError):
                 self.closed = True
                 return False
+
+    def close(self, code: int, reason: str, *, wait: float = CLOSE_WAIT_SECONDS) -> None:
+        """Close the socket with ``code`` and ``reason`` (after any frame being sent); nothing raised.
+
+        Then waits up to ``wait`` seconds for the peer's closing frame (simple-websocket's reader
+        thread ends when it arrives), so the connection ends cleanly: a browser sees the code, not a
+        reset connection.
+        """
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            try:
+                self._ws.close(reason=code, message=reason)
+            except (ConnectionClosed, OSError):
+                return
+        reader = getattr(self._ws, "thread", None)
+        if reader is not None and reader is not threading.current_thread():
+            reader.join(wait)
 
     def error(self, code: str, message: str) -> bool:
         """Send ``{"type":"error","code","message"}``."""

@@ -6,10 +6,52 @@ message for people; the connection stays usable.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
+import orjson
+
 from app.memory.schemas import MESSAGE_ID_RE
+
+# The most nested a client's JSON may be: orjson's own bound (it refuses deeper input without
+# recursing in Python, so no RecursionError whatever the nesting).
+MAX_JSON_DEPTH = 1024
+INVALID_TEXT_MESSAGE = "That text contains characters that can't be stored (a NUL or a broken character)."
+
+
+class JSONRefused(ValueError):
+    """Client JSON was refused: ``code`` is ``invalid_json`` or ``invalid_text`` (unpaired surrogate escape)."""
+
+    def __init__(self, code: str):
+        super().__init__(code)
+        self.code = code
+
+
+def loads_client_json(data: str | bytes):
+    """Parse JSON a client sent (a websocket frame, an HTTP body) with orjson.
+
+    Nesting is bounded by orjson (``MAX_JSON_DEPTH`` levels); an escape of an unpaired UTF-16
+    surrogate (``"\\ud800"``) is refused, since such text can never be stored or sent.
+
+    Raises:
+        JSONRefused: ``invalid_text`` for an unpaired surrogate, ``invalid_json`` for anything else
+            that is not JSON (including bytes that are not UTF-8 and nesting deeper than the bound).
+    """
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        # orjson names the surrogate problem in its message; only the category leaves this function
+        raise JSONRefused("invalid_text" if "surrogate" in str(exc) else "invalid_json") from None
+
+
+def text_is_storable(text: str) -> bool:
+    """False when ``text`` holds a NUL character or an unpaired surrogate (not storable, not sendable)."""
+    if "\x00" in text:
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 class FrameError(ValueError):
@@ -45,13 +87,17 @@ def parse_frame(data, *, max_input_chars: int):
         ``MessageFrame`` or ``CancelFrame``.
 
     Raises:
-        FrameError: ``invalid_json``, ``unknown_type``, ``empty_input``, ``input_too_long`` or ``invalid_id``.
+        FrameError: ``invalid_json`` (not JSON, not an object, nested deeper than ``MAX_JSON_DEPTH``),
+            ``invalid_text`` (a NUL or an unpaired surrogate in the text), ``unknown_type``,
+            ``empty_input``, ``input_too_long`` or ``invalid_id``.
     """
     if isinstance(data, (bytes, bytearray)):
         raise FrameError("invalid_json", "Messages must be JSON text frames.")
     try:
-        frame = json.loads(data)
-    except ValueError:
+        frame = loads_client_json(data)
+    except JSONRefused as exc:
+        if exc.code == "invalid_text":
+            raise FrameError("invalid_text", INVALID_TEXT_MESSAGE) from None
         raise FrameError("invalid_json", "That message was not valid JSON.") from None
     if not isinstance(frame, dict):
         raise FrameError("invalid_json", "A message must be a JSON object.")
@@ -64,10 +110,8 @@ def parse_frame(data, *, max_input_chars: int):
     if not isinstance(text, str) or not text.strip():
         raise FrameError("empty_input", "Please type a message first.")
     text = text.strip()
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:  # a lone surrogate escape such as "\ud83d": not valid Unicode text
-        raise FrameError("invalid_json", "That message contained invalid characters.") from None
+    if not text_is_storable(text):
+        raise FrameError("invalid_text", INVALID_TEXT_MESSAGE)
     if len(text) > max_input_chars:
         raise FrameError("input_too_long", f"Messages are limited to {max_input_chars} characters.")
     client_id = frame.get("id")

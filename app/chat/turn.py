@@ -7,7 +7,9 @@ A turn's life (``docs/contract.md``, WebSocket; README: "A turn")::
        \\-> cancel: done "cancelled", nothing written
        \\-> upstream failure: error + done "failed", nothing written
        \\-> the thread was cleared after the turn started: done "completed" with "saved": false,
-           nothing written (a clear is final for everything that started before it)
+           "reason": "thread_cleared", nothing written (a clear is final for everything that started before it)
+       \\-> the store refused or failed the commit, or the final-turn adapter rejected the text: done
+           "completed" with "saved": false and "reason" "store_unavailable" or "rejected"
 
 What produces the answer is a *producer* (``app.runtime.producer``: plain chat by
 default; tools, the task-list agent and the delivery workflow are chosen by
@@ -34,7 +36,7 @@ from app.memory.state import ThreadState, new_message_id
 from app.memory.status import TurnStatus
 from app.runtime.chat import ChatProducer
 from app.runtime.producer import Producer, ProducerError, ProducerResult, TurnIO
-from app.store.thread_store import CorruptState, StoreUnavailable
+from app.store.thread_store import StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +56,8 @@ class TurnOutcome:
         answer: the final assistant text.
         committed: True when memory was written.
         cleared: True when nothing was written because the thread was cleared after the turn started.
+        unsaved_reason: why a turn that ended ``completed`` or ``blocked`` was not written
+            (``thread_cleared``, ``store_unavailable``, ``rejected``; the done frame's ``reason``), or None.
         error_code: the contract error code of a failed turn.
         user_message_id: the user message id of the turn.
     """
@@ -67,6 +71,7 @@ class TurnOutcome:
     answer: str = ""
     committed: bool = False
     cleared: bool = False
+    unsaved_reason: str | None = None
     error_code: str | None = None
 
     @property
@@ -160,13 +165,17 @@ class Turn(TurnIO):
 
         Sets ``cleared_seen`` to the state's clear counter (None when the store failed: the commit
         then skips the clear check).
+
+        Raises:
+            CorruptState: the stored thread cannot be read; the turn must not run (nothing it wrote
+                could be kept).  The socket answers ``memory_unreadable``; a clear repairs the thread.
         """
         self.cleared_seen = None
         try:
             state = self.services.store.load(self.thread_id)
             self.cleared_seen = state.cleared
             return state
-        except (StoreUnavailable, CorruptState) as exc:
+        except StoreUnavailable as exc:
             log.warning("turn on %s uses empty memory: %s", self.thread_id[:13], type(exc).__name__)
             return ThreadState()
 
@@ -175,6 +184,7 @@ class Turn(TurnIO):
 
         Raises:
             ContextTooLong: the input does not fit even without recent turns.
+            CorruptState: the stored thread cannot be read (``load_state``).
         """
         settings = self.services.settings
         self.state = self.load_state()
@@ -243,7 +253,7 @@ class Turn(TurnIO):
         outcome.answer = result.text
         commit = self._commit(result)
         with self._lock:
-            unsaved = {"saved": False, "reason": "thread_cleared"} if outcome.cleared else {}
+            unsaved = {"saved": False, "reason": outcome.unsaved_reason} if outcome.unsaved_reason else {}
             self._finish(status.done_status, **unsaved)  # docs/contract.md: WebSocket, the done frame
         if commit is not None:
             # After done: enqueueing costs a Celery publish (~2 ms) that the person need not wait for.
@@ -262,14 +272,17 @@ class Turn(TurnIO):
                 user_id=self.user_id, assistant_id=self.message_id), expected_cleared=self.cleared_seen)
         except TurnRejected as exc:
             log.warning("turn on %s not written: %s", self.thread_id[:13], exc.reason)
+            self.outcome.unsaved_reason = "rejected"
             return
         except StoreUnavailable:
             log.error("turn on %s not written: store unavailable", self.thread_id[:13])
+            self.outcome.unsaved_reason = "store_unavailable"
             return
         self.outcome.committed = commit.appended
         if commit.cleared:
             log.info("turn on %s not written: the thread was cleared after it started", self.thread_id[:13])
             self.outcome.cleared = True
+            self.outcome.unsaved_reason = "thread_cleared"
         return commit if commit.appended else None
 
     def _request_compaction(self, commit, result: ProducerResult) -> None:

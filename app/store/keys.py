@@ -12,12 +12,14 @@ or script of the project names keys of two threads, and nothing scans the keyspa
 | ``mem:{hex}:stats`` | list, capped | per-turn token accounting (numbers only) |
 | ``mem:{hex}:compactions`` | list, capped | compaction history (numbers and outcomes only) |
 | ``mem:{hex}:feedback`` | list, capped | thumbs up/down per assistant message |
+| ``ws:{hex}:sockets`` | sorted set, PEXPIRE | the session's open websockets: socket id -> lease end (Redis ms); ``WS_MAX_PER_SESSION`` |
 | ``run:{hex}:<run id>`` | hash | tool, agent and workflow runtime state; never read by hydration or prompts |
 | ``run:{hex}:paused`` | string, EX | the id of the thread's task-list run waiting for confirmation |
 | ``caps:<sha256 of base URL, 24 hex>`` | hash, EX | what the model provider was found to refuse (``tools``, ``json_schema``, ``json_object_schema``; ``ProviderCaps``) |
 | ``obs:{metrics}:worker`` | hash | counters and duration buckets added by Celery workers (``app.observability.metrics``) |
+| ``health:{probe}`` | string, EX | the web processes' write probe (``/healthz``: is the store taking writes?) |
 
-The last two are the only keys that belong to no thread.  On a cluster each is one key on one
+The last three are the only keys that belong to no thread.  On a cluster each is one key on one
 node: the provider record is read once per model call and written once per refusal; the worker
 hash takes one ``HINCRBY`` batch per compaction (a few thousand a second would be the first hot
 spot; split it per worker then).  Neither is memory: losing either in a failover loses counters or
@@ -32,6 +34,7 @@ from app.memory.schemas import THREAD_ID_RE
 
 EVENTS_PATTERN = "mem:{*}:events"  # one Redis only: a cluster has no pattern subscription on shard channels
 WORKER_METRICS_KEY = "obs:{metrics}:worker"
+HEALTH_PROBE_KEY = "health:{probe}"
 
 
 def thread_hex(thread_id: str) -> str:
@@ -83,6 +86,11 @@ class ThreadKeys:
     def feedback(self) -> str:
         """Feedback on assistant messages."""
         return f"mem:{self.tag}:feedback"
+
+    @property
+    def sockets(self) -> str:
+        """The session's open websockets (a lease per socket; never memory)."""
+        return f"ws:{self.tag}:sockets"
 
     def run(self, run_id: str) -> str:
         """Runtime state of one tool/agent/workflow run (never memory)."""

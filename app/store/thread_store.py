@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -23,7 +24,7 @@ from app.memory.final_turn import FinalTurn, prepare_final_turn
 from app.memory.schemas import MESSAGE_SCHEMA, stored_state_schema
 from app.memory.limits import MemoryLimits
 from app.memory.state import PINNED_BY_PERSON, Pin, ThreadMessage, ThreadState
-from app.store.keys import ThreadKeys
+from app.store.keys import HEALTH_PROBE_KEY, ThreadKeys
 from app.store.redis_client import is_cluster, run_script_and_wait
 
 log = logging.getLogger(__name__)
@@ -35,7 +36,11 @@ class StoreUnavailable(RuntimeError):
 
 
 class CorruptState(RuntimeError):
-    """The stored hash does not satisfy the stored-state schema."""
+    """The stored hash does not satisfy the stored-state schema (or is not a hash).  Its text is for logs only.
+
+    Readers treat the thread as empty and unreadable (docs/contract.md: ``memory_unreadable``);
+    ``ThreadStore.clear`` always repairs it.
+    """
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,24 @@ class CompactionCommit:
     outcome: str
     version: int = 0
     detail: str = ""
+
+
+# A counter field (``v``, ``gen``, ``clr``): a non-negative decimal integer, as HINCRBY writes it.
+_COUNTER_RE = re.compile(r"\A[0-9]{1,12}\Z")
+
+
+def _counter(raw: dict, name: str) -> int:
+    """The counter ``name`` of a stored hash (0 when absent).
+
+    Raises:
+        ValueError: the field is not a non-negative integer of at most 12 digits (as ``lua/clear_thread.lua``).
+    """
+    value = raw.get(name)
+    if value is None:
+        return 0
+    if not isinstance(value, str) or not _COUNTER_RE.match(value):
+        raise ValueError(f"{name} is not a counter")
+    return int(value)
 
 
 def _dumps(value) -> str:
@@ -159,6 +182,8 @@ class ThreadStore:
         self._record = client.register_script((LUA_DIR / "record_compaction.lua").read_text())
         self._hold = client.register_script((LUA_DIR / "hold_marker.lua").read_text())
 
+        self._socket = client.register_script((LUA_DIR / "claim_socket.lua").read_text())
+
     def _write(self, script, keys: list[str], args: list):
         """Run a memory-writing script; with ``wait_replicas``, also ``WAIT`` on the same connection."""
         if not self.wait_replicas:
@@ -186,7 +211,9 @@ class ThreadStore:
 
         Every part is checked with the stored-state schema; a part already checked in this
         process (a message, or the summary with the pins) is not checked again, so a turn
-        validates only what changed since the last read.
+        validates only what changed since the last read.  The counters ``v``, ``gen`` and
+        ``clr`` must be non-negative integers, and ``messages`` a JSON list, whatever
+        ``validate_reads`` says.
 
         Raises:
             CorruptState: the hash does not satisfy the stored-state schema.
@@ -194,6 +221,7 @@ class ThreadStore:
         if not raw:
             return ThreadState()
         try:
+            version, gen, cleared = _counter(raw, "v"), _counter(raw, "gen"), _counter(raw, "clr")
             messages = json.loads(raw.get("messages") or "[]")
             if not isinstance(messages, list):
                 raise ValueError("messages is not a list")
@@ -205,21 +233,34 @@ class ThreadStore:
             else:
                 parsed = tuple(ThreadMessage.from_dict(m) for m in messages)
                 summary, pins, notes, last = _meta(*meta)
-        except (ValueError, TypeError, KeyError, ValidationError) as exc:
-            raise CorruptState(str(exc)) from None
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError, ValidationError) as exc:
+            raise CorruptState(f"{type(exc).__name__}: {exc}"[:300]) from None
         return ThreadState(messages=parsed, summary=summary, pins=pins, last_compacted_at=last,
-                           version=int(raw.get("v", 0)), gen=int(raw.get("gen", 0)), notes=notes,
-                           cleared=int(raw.get("clr", 0)))
+                           version=version, gen=gen, notes=notes, cleared=cleared)
 
     @_guard
     def load(self, thread_id: str) -> ThreadState:
         """Return the thread's state (the empty state for an unknown thread).
 
+        A corrupt thread is logged at ERROR (the head of the thread id and which check failed).
+
         Raises:
             StoreUnavailable: Redis failed.
-            CorruptState: the stored hash is invalid.
+            CorruptState: the stored hash is invalid, holds bytes that are not UTF-8, or the key is not a hash.
         """
-        return self.parse(self.redis.hgetall(ThreadKeys(thread_id).state))
+        try:
+            raw = self.redis.hgetall(ThreadKeys(thread_id).state)
+            return self.parse(raw)
+        except UnicodeDecodeError:
+            exc = CorruptState("a field is not UTF-8")
+        except redis.ResponseError as error:
+            if not str(error).startswith("WRONGTYPE"):
+                raise
+            exc = CorruptState("the state key is not a hash")
+        except CorruptState as error:
+            exc = error
+        log.error("thread %s is corrupt: %s", thread_id[:13], exc)
+        raise exc
 
     # -- writing -----------------------------------------------------------------------------
 
@@ -267,9 +308,17 @@ class ThreadStore:
         """Empty the thread atomically and move its generation and clear counter on; return the new version.
 
         A compaction, pin change or turn that read the thread before cannot write afterwards.
+        Succeeds on a corrupt thread too (``CorruptState`` on read): it is replaced by a valid
+        empty one, logged at WARNING.
+
+        Raises:
+            StoreUnavailable: Redis failed or refused the write; nothing was changed.
         """
         keys = ThreadKeys(thread_id)
-        return int(self._write(self._clear, keys.ttl_keys(), [self.ttl]))
+        version, repaired = self._write(self._clear, keys.ttl_keys(), [self.ttl])
+        if repaired:
+            log.warning("clear repaired the corrupt thread %s", thread_id[:13])
+        return int(version)
 
     @_guard
     def apply_compaction(self, thread_id: str, *, expected_gen: int, folded_ids: list[str], summary: str,
@@ -365,3 +414,39 @@ class ThreadStore:
             StoreUnavailable: Redis failed.
         """
         return bool(self._hold(keys=[ThreadKeys(thread_id).compacting], args=[str(version), int(ttl_seconds)]))
+
+    def probe_write(self) -> bool:
+        """True when Redis takes a write: ``SET health:{probe} <ms> EX 60`` (one small key, overwritten).
+
+        False when Redis answers but refuses it (``maxmemory`` with ``noeviction``, a read-only
+        replica, a refused command).  Used by ``/healthz`` (cached there).
+
+        Raises:
+            StoreUnavailable: Redis did not answer (connection or timeout).
+        """
+        try:
+            self.redis.set(HEALTH_PROBE_KEY, "1", ex=60)
+            return True
+        except redis.ResponseError:
+            return False
+        except redis.RedisError as exc:
+            raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from exc
+
+    # -- websocket leases (WS_MAX_PER_SESSION; never memory) -------------------------------------
+
+    @_guard
+    def claim_socket(self, thread_id: str, socket_id: str, *, most: int, lease_seconds: float) -> bool:
+        """Take a place for one open websocket of the session; False when ``most`` are open
+        (``lua/claim_socket.lua``; a lease not renewed within ``lease_seconds`` frees its place)."""
+        return bool(self._socket(keys=[ThreadKeys(thread_id).sockets],
+                                 args=["claim", socket_id, int(lease_seconds * 1000), most]))
+
+    @_guard
+    def renew_socket(self, thread_id: str, socket_id: str, *, lease_seconds: float) -> None:
+        """Extend a websocket's lease by ``lease_seconds`` from now."""
+        self._socket(keys=[ThreadKeys(thread_id).sockets], args=["renew", socket_id, int(lease_seconds * 1000), 0])
+
+    @_guard
+    def release_socket(self, thread_id: str, socket_id: str) -> None:
+        """Give a closed websocket's place back."""
+        self._socket(keys=[ThreadKeys(thread_id).sockets], args=["release", socket_id, 0, 0])

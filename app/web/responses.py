@@ -6,7 +6,9 @@ programs, ``message`` for people, and neither ever carries exception text
 message)`` or raises ``ApiError`` from any depth; Flask's own HTTP errors (404,
 405, 413, an unhandled exception's 500, a refused websocket handshake's 403)
 get the same shape from the handlers ``register_errorhandlers`` installs.
-``require_json_object`` reads the JSON object a POST must send, or answers 400.
+``require_json_object`` reads the JSON object a POST must send, or answers 400;
+``require_storable`` refuses text with a NUL or an unpaired surrogate (400 ``invalid_text``,
+as the websocket's error frame of the same code).
 """
 
 from __future__ import annotations
@@ -16,12 +18,14 @@ import logging
 from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
+from app.chat.frames import INVALID_TEXT_MESSAGE, JSONRefused, loads_client_json, text_is_storable
 from app.memory.hydration import ForbiddenKeyError, assert_no_forbidden_keys
 
 log = logging.getLogger(__name__)
 
 INTERNAL = ("internal", "Something went wrong.")
 STORE_UNAVAILABLE = ("store_unavailable", "Memory is unavailable right now; try again shortly.")
+MEMORY_UNREADABLE = ("memory_unreadable", "This conversation's memory can't be read. Start a new chat to go on.")
 
 # Flask's HTTP errors: status -> (code, message).  Other statuses use werkzeug's name for the status.
 HTTP_ERRORS = {
@@ -74,11 +78,31 @@ def guarded_json(payload: dict, status: int = 200) -> tuple[Response, int]:
 
 
 def require_json_object(hint: str) -> dict:
-    """The request's body as a JSON object; ``ApiError`` 400 ``bad_request`` saying ``hint`` otherwise."""
-    body = request.get_json(silent=True)
+    """The request's body as a JSON object (``Content-Type: application/json``), parsed by
+    ``app.chat.frames.loads_client_json`` (orjson: nesting bounded, no recursion).
+
+    Raises:
+        ApiError: 400 ``invalid_text`` when a string escapes an unpaired surrogate; 400
+            ``bad_request`` saying ``hint`` for anything else that is not a JSON object.
+    """
+    if not request.is_json:
+        raise ApiError(400, "bad_request", hint)
+    try:
+        body = loads_client_json(request.get_data(cache=True))
+    except JSONRefused as exc:
+        if exc.code == "invalid_text":
+            raise ApiError(400, "invalid_text", INVALID_TEXT_MESSAGE) from None
+        raise ApiError(400, "bad_request", hint) from None
     if not isinstance(body, dict):
         raise ApiError(400, "bad_request", hint)
     return body
+
+
+def require_storable(text: str) -> str:
+    """``text`` unchanged; ``ApiError`` 400 ``invalid_text`` when it holds a NUL or an unpaired surrogate."""
+    if not text_is_storable(text):
+        raise ApiError(400, "invalid_text", INVALID_TEXT_MESSAGE)
+    return text
 
 
 def _api_error(error: ApiError) -> Response:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import logging
+import time
 
 import redis
-from flask import Blueprint, jsonify, render_template
+from flask import Blueprint, current_app, jsonify, render_template
 
 from app.extensions import services
 from app.identity import current_thread_id
@@ -40,7 +41,7 @@ def get_thread():
     thread_id = current_thread_id()
     try:
         state = services().store.load(thread_id)
-    except (StoreUnavailable, CorruptState) as exc:
+    except (StoreUnavailable, CorruptState) as exc:  # a corrupt thread is logged at ERROR by the store
         log.warning("hydration degraded for thread %s: %s", thread_id[:13], type(exc).__name__)
         return guarded_json(empty_hydration(thread_id))
     return guarded_json(build_hydration(thread_id, state))
@@ -48,7 +49,11 @@ def get_thread():
 
 @bp.delete("/api/chat/thread")
 def delete_thread():
-    """Empty the thread (a compaction in flight cannot bring anything back) and drop a waiting task list."""
+    """Empty the thread (a compaction in flight cannot bring anything back) and drop a waiting task list.
+
+    204 even on a corrupt thread (it is replaced by an empty one); 503 ``store_unavailable`` when
+    Redis failed or refused the write (nothing changed); 403 from another origin (``app.web.security``).
+    """
     from app.runtime.run_store import RunStore
 
     thread_id = current_thread_id()
@@ -62,17 +67,38 @@ def delete_thread():
     return "", 204
 
 
-@bp.get("/healthz")
-def healthz():
-    """200 ``{"status": "ok", "store": "up", "model": "up"}``; 503 ``{"status": "degraded", ...}`` when the store
-    or the chat model endpoint is down (each ``"up"``/``"down"``; the model probe is ``app.llm.health``)."""
+def store_health() -> str:
+    """``up``, ``degraded`` (Redis answers but refuses writes: maxmemory with noeviction, read-only)
+    or ``down`` (no answer).
+
+    PING on every call; the write probe (``ThreadStore.probe_write``, one small key) at most once
+    per ``HEALTH_WRITE_PROBE_SECONDS`` per process, its answer kept in between.
+    """
     svc = services()
     try:
         svc.store.ping()
-        store = "up"
     except StoreUnavailable:
-        store = "down"
-    model = model_status(svc.settings)
+        return "down"
+    cache = current_app.extensions.setdefault("health_write_probe", {"at": None, "writable": True})
+    now = time.monotonic()
+    if cache["at"] is None or now - cache["at"] >= svc.settings.health_write_probe_interval:
+        try:
+            writable = svc.store.probe_write()
+        except StoreUnavailable:
+            return "down"
+        if not writable:
+            log.warning("health: the store answers but refuses writes")
+        cache.update(at=now, writable=writable)
+    return "up" if cache["writable"] else "degraded"
+
+
+@bp.get("/healthz")
+def healthz():
+    """200 ``{"status": "ok", "store": "up", "model": "up"}``; 503 ``{"status": "degraded", ...}`` when the store
+    is ``down`` or ``degraded`` (refusing writes; ``store_health``) or the chat model endpoint is down (the
+    model probe is ``app.llm.health``)."""
+    store = store_health()
+    model = model_status(services().settings)
     if store == "up" and model == "up":
         return jsonify({"status": "ok", "store": "up", "model": "up"})
     return jsonify({"status": "degraded", "store": store, "model": model}), 503

@@ -13,8 +13,10 @@ cookie, never from the request.
 | ``POST /api/chat/feedback`` ``{"messageId", "rating": "up"|"down", "reason"?}`` | 201 ``{"messageId", "rating"}``; 400 invalid; 404 not an assistant message of this thread |
 | ``GET /metrics`` | Prometheus text; in production only with ``Authorization: Bearer $METRICS_TOKEN`` (404 when no token is configured, 401 without the right one) |
 
-Store failures answer 503 ``store_unavailable``; a pin or feedback from a page
-of another origin answers 403 ``forbidden``.  Error bodies are ``error_response``'s
+Store failures answer 503 ``store_unavailable``, a corrupt stored thread 409
+``memory_unreadable``; text with a NUL or an unpaired surrogate 400 ``invalid_text``; any
+write from a page of another origin (by ``Origin``, else ``Referer``) 403 ``forbidden``
+(``app.web.security``, for every route).  Error bodies are ``error_response``'s
 ``{"error": {"code", "message"}}`` with a message meant for people.
 """
 

@@ -13,12 +13,10 @@ from app.memory.schemas import MESSAGE_ID_RE
 from app.memory.status import writes_memory
 from app.observability import accounting, feedback, metrics
 from app.store.thread_store import CorruptState, StoreUnavailable
-from app.web.responses import ApiError, guarded_json, require_json_object, store_unavailable
-from app.web.security import refuse_cross_site_writes
+from app.web.responses import MEMORY_UNREADABLE, ApiError, error_response, guarded_json, require_json_object, require_storable, store_unavailable
 
 log = logging.getLogger(__name__)
 bp = Blueprint("feedback", __name__)
-bp.before_request(refuse_cross_site_writes)
 
 
 def _rating(body: dict) -> tuple[str, str, str | None]:
@@ -30,6 +28,8 @@ def _rating(body: dict) -> tuple[str, str, str | None]:
         raise ApiError(400, "bad_request", 'The rating must be "up" or "down".')
     if reason is not None and not isinstance(reason, str):
         raise ApiError(400, "bad_request", "The reason must be text.")
+    if reason is not None:
+        require_storable(reason)
     reason = (reason or "").strip() or None
     if reason and len(reason) > feedback.MAX_REASON_CHARS:
         raise ApiError(400, "reason_too_long", f"The reason can be at most {feedback.MAX_REASON_CHARS} characters.")
@@ -52,7 +52,9 @@ def post_feedback():
             raise ApiError(404, "unknown_message", "There is no such answer in this conversation.")
         entry = feedback.feedback_entry(message_id, rating, reason, record)
         feedback.store_feedback(svc.redis, thread_id, entry, svc.settings.memory_ttl_seconds)
-    except (redis.RedisError, StoreUnavailable, CorruptState) as exc:
+    except CorruptState:
+        return error_response(409, *MEMORY_UNREADABLE)
+    except (redis.RedisError, StoreUnavailable) as exc:
         log.warning("feedback not stored for %s: %s", thread_id[:13], type(exc).__name__)
         if isinstance(exc, redis.RedisError):
             metrics.count_store_error("feedback")

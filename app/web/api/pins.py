@@ -27,12 +27,10 @@ from app.memory.state import PINNED_BY_PERSON, Pin, ThreadState
 from app.memory.tokens import TokenCounter
 from app.observability import metrics
 from app.store.thread_store import CorruptState, StoreUnavailable
-from app.web.responses import STORE_UNAVAILABLE, ApiError, guarded_json, require_json_object
-from app.web.security import refuse_cross_site_writes
+from app.web.responses import MEMORY_UNREADABLE, STORE_UNAVAILABLE, ApiError, guarded_json, require_json_object, require_storable
 
 log = logging.getLogger(__name__)
 bp = Blueprint("pins", __name__)
-bp.before_request(refuse_cross_site_writes)
 
 PIN_WRITE_ATTEMPTS = 5
 
@@ -68,7 +66,7 @@ def _pin_text(body: dict, state: ThreadState, limits: MemoryLimits) -> str:
         return cut_at_word(message.text, limits.pinned_max_chars)
     if not isinstance(text, str):
         raise ApiError(400, "bad_request", "The pin text must be a string.")
-    text = clean_pin_text(text)
+    text = clean_pin_text(require_storable(text))
     if not text:
         raise ApiError(400, "empty_pin", "Type the decision to pin first.")
     if len(text) > limits.pinned_max_chars:
@@ -144,7 +142,8 @@ def _change(action: str, change: Callable[[ThreadState], tuple[list[Pin], list[s
 
     Raises:
         ApiError: ``change`` refused, 409 ``thread_cleared`` when the thread was cleared meanwhile,
-            409 ``conflict`` after ``PIN_WRITE_ATTEMPTS`` stale generations, 503 ``store_unavailable``.
+            409 ``conflict`` after ``PIN_WRITE_ATTEMPTS`` stale generations, 409 ``memory_unreadable``
+            when the stored thread is corrupt (a clear repairs it), 503 ``store_unavailable``.
     """
     thread_id = current_thread_id()
     svc = services()
@@ -169,7 +168,10 @@ def _change(action: str, change: Callable[[ThreadState], tuple[list[Pin], list[s
         if refused.code != "conflict":
             metrics.observe_pin_request(action, refused.code)
         raise
-    except (StoreUnavailable, CorruptState) as exc:
+    except CorruptState:
+        metrics.observe_pin_request(action, "memory_unreadable")
+        raise ApiError(409, *MEMORY_UNREADABLE) from None
+    except StoreUnavailable as exc:
         log.warning("%s failed for %s: %s", action, thread_id[:13], type(exc).__name__)
         metrics.observe_pin_request(action, "store_unavailable")
         raise ApiError(503, *STORE_UNAVAILABLE) from None

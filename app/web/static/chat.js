@@ -70,9 +70,13 @@
  *            {"type":"waiting","for":"model_busy","message"}   // before the first delta: the model is busy
  *            {"type":"memory","status":"started"|"succeeded"|"failed","message"?}
  *            {"type":"done","status":"completed"|"blocked"|"cancelled"|"failed"|"paused","messageId",
- *             "saved"?: false, "reason"?: "thread_cleared"}   // not written: a new chat was started meanwhile
- *            {"type":"error","code","message"}
+ *             "saved"?: false, "reason"?: "thread_cleared"|"store_unavailable"|"rejected"}   // not written
+ *            {"type":"error","code","message"}   // e.g. memory_unreadable: a new chat repairs the thread
  *   Unknown frame types are ignored.
+ *   Close codes: 4408 idle (nothing sent for WS_IDLE_TIMEOUT_SECONDS): reconnect at once when the page
+ *   has focus, else as soon as the person is back (focus, a key, a click, the tab shown);
+ *   4429 this session has too many sockets open (other tabs): retry slowly; 1013 the server is busy,
+ *   1011 it failed: retry with the usual backoff.
  */
 (() => {
   "use strict";
@@ -93,6 +97,8 @@
   const HEALTH_MS = { up: 30000, down: 5000 }; // how often the model banner re-checks /healthz
   const WS_URL = (location.protocol === "https:" ? "wss://" : "ws://") + location.host + ROOT + "/ws/chat";
   const BACKOFF_MS = [1000, 2000, 4000, 8000, 15000];
+  const CLOSE_IDLE = 4408; // docs/contract.md: WebSocket, close codes
+  const CLOSE_SESSION_LIMIT = 4429;
   const SECTIONS = ["system", "summary", "pins", "recent", "input"];
   const SECTION_LABELS = { system: "System", summary: "Summary", pins: "Pins", recent: "Recent turns", input: "New input" };
   const WAIT_NOTICE_MS = 1500; // a turn without its first token says what it waits for after this long
@@ -354,6 +360,7 @@
     healthChecksSoon: 0, // /healthz checks still to make at the short interval
     countdownTimer: 0,
     reconnectAt: 0,
+    idle: false, // the server closed the socket as idle; reconnect when the person is back
     lastFetchFailed: false,
     turn: null, // the turn in flight: {clientId, text, userEl, botEl, messageId, answer, started, stopping, tools:[], stages:[]}
     serverIds: new Set(), // ids of messages known to be in server memory
@@ -1020,6 +1027,7 @@
       if (state.ws !== ws) return;
       const wasReconnect = state.everConnected;
       state.wsOpen = true;
+      state.idle = false;
       state.everConnected = true;
       state.attempt = 0;
       state.reconnectAt = 0;
@@ -1038,16 +1046,33 @@
       if (!frame || typeof frame !== "object") return;
       try { handleFrame(frame); } catch (err) { console.error("frame handling failed", err); }
     });
-    ws.addEventListener("close", () => {
+    ws.addEventListener("close", (ev) => {
       if (state.ws !== ws) return;
       state.ws = null;
       state.wsOpen = false;
       if (state.turn) endTurn("interrupted");
       if (el.memoryHint.dataset.status === "started") el.memoryHint.hidden = true; // its outcome may be missed
       updateComposer();
+      if (ev.code === CLOSE_IDLE) { idleClosed(); return; }
+      if (ev.code === CLOSE_SESSION_LIMIT) state.attempt = Math.max(state.attempt, BACKOFF_MS.length - 1);
       scheduleReconnect();
     });
     ws.addEventListener("error", () => { /* a close event follows */ });
+  }
+
+  /** The server closed an idle socket (4408): come back at once if the person is here, else when they are. */
+  function idleClosed() {
+    state.idle = true;
+    state.attempt = 0;
+    if (document.visibilityState === "visible" && document.hasFocus()) { backFromIdle(); return; }
+    setConnection("idle", "Idle — reconnects when you're back");
+  }
+
+  function backFromIdle() {
+    if (!state.idle || state.wsOpen) return;
+    state.idle = false;
+    state.attempt = 0;
+    reconnectNow();
   }
 
   function sendFrame(obj) {
@@ -1198,7 +1223,10 @@
       bot.dataset.kept = "false";
       t.userEl.dataset.kept = "false";
       bot.dataset.botId = t.messageId;
-      const label = unsaved === "thread_cleared" ? "not saved (new chat started)" : "not saved";
+      const label = {
+        thread_cleared: "not saved (new chat started)",
+        store_unavailable: "not saved (memory unavailable)",
+      }[unsaved] || "not saved";
       setNote(bot, label, "unsaved");
       setNote(t.userEl, "not saved", "unsaved");
       addActions(bot);
@@ -1608,9 +1636,12 @@
   }
   el.memoryHint.addEventListener("click", () => { if (narrow.matches) setDrawer(true); });
   document.addEventListener("visibilitychange", () => {
-    if (document.visibilityState === "visible" && !state.wsOpen) { state.attempt = 0; reconnectNow(); }
+    if (document.visibilityState === "visible" && !state.wsOpen) { state.idle = false; state.attempt = 0; reconnectNow(); }
   });
   window.addEventListener("online", () => { if (!state.wsOpen) { state.attempt = 0; reconnectNow(); } });
+  for (const [target, kind] of [[window, "focus"], [document, "keydown"], [document, "pointerdown"]]) {
+    target.addEventListener(kind, backFromIdle, { capture: true, passive: true });
+  }
 
   const fullPlaceholder = el.input.getAttribute("placeholder") || "";
   function syncPlaceholder() { el.input.setAttribute("placeholder", narrow.matches ? "Message…" : fullPlaceholder); }

