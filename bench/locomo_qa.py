@@ -39,11 +39,13 @@ the product puts there, recall included, is measured).  An evidence utterance *r
 
 * ``verbatim``: its text (NFKC, case-folded, spaces collapsed) occurs, or
 * ``tagged``: some line or excerpt is tagged ``(turn N)`` for its turn N (a record line made from that turn
-  or a recalled excerpt of it).
+  or a recalled excerpt of it), or
+* ``line``: an untagged record line (``- Person: <sentence>``, 20+ characters) holds a sentence of it (the
+  record before turn numbers existed).
 
 A question counts as reached when *all* its evidence utterances reach the prompt (``evidence share`` also
-gives the share of single evidence utterances).  A stricter figure, ``strict``, only accepts a tagged text
-that holds at least half of the utterance's distinct words of 3+ letters.
+gives the share of single evidence utterances).  A stricter figure, ``strict``, only accepts a tagged text or
+a line that holds at least half of the utterance's distinct words of 3+ letters.
 
 Contexts compared, in the same run, on the same replayed thread:
 
@@ -292,39 +294,60 @@ def _words(text: str) -> set[str]:
     return set(_WORD_RE.findall(normalize(text)))
 
 
+_LABEL_RE = re.compile(r"^[^:\n]{1,40}?:\s+")
+_DATE_RE = re.compile(r"^\([^()]{1,40}\)\s*")
+LINE_MIN_CHARS = 20
+"""An untagged record line counts for an utterance only when it holds at least this many characters."""
+
+
+def record_lines(text: str) -> list[str]:
+    """The untagged list lines of ``text`` (``- Label: sentence``), normalised, label and date prefix removed."""
+    out = []
+    for line in text.split("\n"):
+        if not line.startswith("- ") or TURN_TAG_RE.search(line):
+            continue
+        body = _DATE_RE.sub("", _LABEL_RE.sub("", line[2:], count=1), count=1)
+        body = normalize(body)
+        if len(body) >= LINE_MIN_CHARS:
+            out.append(body)
+    return out
+
+
 @dataclass(frozen=True)
 class PromptText:
     """A prompt's memory text (every message but the last, the question), ready for evidence checks."""
 
     normalized: str
     tags: dict
+    lines: tuple = ()
 
     @classmethod
     def of(cls, messages: list[dict]) -> "PromptText":
         body = "\n".join(m["content"] for m in messages[:-1] if isinstance(m.get("content"), str))
-        return cls(normalize(body), tagged_texts(body))
+        return cls(normalize(body), tagged_texts(body), tuple(record_lines(body)))
 
 
 def evidence_reaches(prompt: PromptText, dia_id: str, dia_turn: dict[str, int], dia_text: dict[str, str],
                      *, strict: bool = False) -> str | None:
-    """How the utterance ``dia_id`` reaches the prompt: ``"verbatim"``, ``"tagged"``, or None.
+    """How the utterance ``dia_id`` reaches the prompt: ``"verbatim"``, ``"tagged"``, ``"line"``, or None.
 
-    With ``strict`` a tagged text must also hold at least half of the utterance's distinct words (3+ letters).
+    ``verbatim``: the utterance's whole text is in the prompt; ``tagged``: a text tagged ``(turn N)`` for its
+    turn; ``line``: an untagged record line (``- Label: sentence``, at least ``LINE_MIN_CHARS`` characters)
+    whose sentence is part of the utterance (a record made before turn tags).  With ``strict`` a tagged text
+    or a line must also hold at least half of the utterance's distinct words (3+ letters).
     """
     text = normalize(dia_text[dia_id])
     if text and text in prompt.normalized:
         return "verbatim"
-    segments = prompt.tags.get(dia_turn.get(dia_id, -1))
-    if not segments:
-        return None
-    if not strict:
-        return "tagged"
     wanted = _words(text)
-    if not wanted:
+
+    def enough(segment: str) -> bool:
+        return not strict or not wanted or len(wanted & _words(segment)) * 2 >= len(wanted)
+
+    if any(enough(segment) for segment in prompt.tags.get(dia_turn.get(dia_id, -1), ())):
         return "tagged"
-    for segment in segments:
-        if len(wanted & _words(segment)) * 2 >= len(wanted):
-            return "tagged"
+    if any(line in text and enough(line) for line in prompt.lines):
+        return "line"
     return None
 
 
@@ -785,8 +808,8 @@ def write_report(out: Path, results: dict) -> str:
              f"malformed or dangling ids dropped). Speaker A is the person, speaker B's lines are the committed "
              f"answers. Window {results['context_tokens']} tokens, {results['reserved_output_tokens']} reserved "
              f"(prompt budget {results['budget']}); recent window {results['recent_turns']} turns.", "",
-             "Share of questions whose every evidence turn is in the prompt (verbatim, or a line/excerpt tagged "
-             "`(turn N)` for it); ratios against the sliding window of this run at the same prompt tokens.", "",
+             "Share of questions whose every evidence turn is in the prompt (verbatim, a line/excerpt tagged "
+             "`(turn N)` for it, or an untagged record line holding one of its sentences); ratios against the sliding window of this run at the same prompt tokens.", "",
              "| | " + " | ".join(names) + " |", "|" + "---|" * (len(CONTEXTS) + 1)]
 
     def row(label, get, ratios=True):
@@ -800,7 +823,7 @@ def write_report(out: Path, results: dict) -> str:
         return f"| {label} | " + " | ".join(cells) + " |"
 
     lines.append(row("**all questions**", lambda e: e["reached"]))
-    lines.append(row("strict (tagged text holds half the words)", lambda e: e["strict"]))
+    lines.append(row("strict (a tagged text or line holds half its words)", lambda e: e["strict"]))
     lines.append(row("evidence turns (share)", lambda e: e["evidence_share"]))
     for c in CATEGORIES:
         label = f"category {c} {CATEGORIES[c]} (n={s['counts']['by_category'][CATEGORIES[c]]})"
