@@ -23,8 +23,8 @@ Replay, per conversation (the product's own code path, in process)
   ``OPENAI_BASE_URL`` / ``COMPACTION_BASE_URL`` when set, else the bundled model (both servers, as
   ``make run``).
 
-Turn numbers (docs: interfaces of the memory record)
-----------------------------------------------------
+Turn numbers
+------------
 Turn N is the N-th committed person turn, 1-based (``dia_turn_map``).  A ``dia_id`` ("D3:7") maps to the turn
 that holds the utterance: a speaker-A utterance to its own turn, a speaker-B utterance to the turn whose answer
 it is part of.
