@@ -156,6 +156,99 @@ FACTS = [
 ]
 
 
+# ============================================================================================ data statements
+
+DATA_KIND = "data"
+LOCOMO_SOURCE = slice(1, None)      # conversations after the first (the first gives the English filler)
+KDCONV_SOURCE_START = 67            # the music and travel dialogues (the first three film ones give the filler)
+
+
+def _short(value, limit: int = 40) -> bool:
+    text = str(value).strip()
+    return 2 <= len(text) <= limit
+
+
+def locomo_statements(records: list[dict], count: int) -> list[tuple[str, str, str]]:
+    """``count`` LoCoMo statements that QA evidence points to, as ``(statement, answer, question)``.
+
+    Category 4 (single-hop) items with one evidence id, whose short gold answer (two words or more, or
+    holding a digit, so that a common word cannot count as kept by chance) is spelled in the evidence
+    utterance and not in the fake model's reply; one per utterance and answer, in dataset order
+    (``records`` after the first).
+    """
+    from bench.locomo_qa import build_turns, parse_evidence
+
+    out: list[tuple[str, str, str]] = []
+    for record in records[LOCOMO_SOURCE]:
+        _, _, dia_text = build_turns(record)
+        used: set[str] = {normalize(a) for _, a, _ in out}
+        for item in record.get("qa") or []:
+            if len(out) >= count:
+                return out
+            if item.get("category") != 4 or not _short(item.get("answer", "")):
+                continue
+            evidence, dropped = parse_evidence(item.get("evidence"), dia_text)
+            if len(evidence) != 1 or dropped or evidence[0] in used:
+                continue
+            text, answer = dia_text[evidence[0]], str(item["answer"]).strip()
+            if len(answer.split()) < 2 and not any(ch.isdigit() for ch in answer):
+                continue
+            if len(text) > 400 or not spelled((answer,), text) or spelled((answer,), FidelityFake.REPLY) \
+                    or normalize(answer) in used:
+                continue
+            used.update((evidence[0], normalize(answer)))
+            out.append((text, answer, str(item["question"])))
+    return out
+
+
+def kdconv_statements(records: list[dict], count: int) -> list[tuple[str, str, str]]:
+    """``count`` KdConv turns that their dialogue knowledge points to, as ``(statement, value, question)``.
+
+    The first speaker's turns (even index) with a triple whose value (not ``Information``, 2-12
+    characters) is spelled in the turn; the question asks for that relation of the head entity.  One per
+    dialogue, from ``KDCONV_SOURCE_START`` on.
+    """
+    out: list[tuple[str, str, str]] = []
+    for record in records[KDCONV_SOURCE_START:]:
+        if len(out) >= count:
+            break
+        found = None
+        for index, message in enumerate(record.get("messages") or []):
+            text = " ".join(str(message.get("message") or "").split())
+            if index % 2 or len(text) > 200:
+                continue
+            for attr in message.get("attrs") or []:
+                value = str(attr.get("attrvalue") or "").strip()
+                if attr.get("attrname") != "Information" and 2 <= len(value) <= 12 and value in text:
+                    found = (text, value, f"{attr.get('name')}的{attr.get('attrname')}是什么？")
+                    break
+            if found:
+                break
+        if found:
+            out.append(found)
+    return out
+
+
+def data_facts(data: Path, per_language: int, first_turn: int) -> tuple[list[str], list["Fact"]]:
+    """Statements from the data (LoCoMo and KdConv) as planted turns and facts of kind ``data``.
+
+    Returns ``(turn texts, facts)``; fact ``turn`` indices start at ``first_turn``.
+    """
+    import json as _json
+
+    if per_language <= 0:
+        return [], []
+    locomo = _json.loads((data / "locomo10.json").read_text(encoding="utf-8"))
+    kdconv = _json.loads((data / "kdconv-sample.json").read_text(encoding="utf-8"))
+    english, chinese = locomo_statements(locomo, per_language), kdconv_statements(kdconv, per_language)
+    turns, facts = [], []
+    for lang, items in (("en", english), ("zh", chinese)):
+        for i, (text, answer, question) in enumerate(items):
+            facts.append(Fact(f"{lang}-data-{i + 1}", lang, DATA_KIND, first_turn + len(turns), (answer,), question))
+            turns.append(text)
+    return turns, facts
+
+
 # ============================================================================================ matching
 
 
@@ -385,13 +478,18 @@ def breakdown(result: MethodResult, facts: list[Fact], which: str) -> dict:
     values = getattr(result, which)
     if not values:
         return {}
-    out: dict = {"all": rate([values[f.id] for f in facts])}
+    planted = [f for f in facts if f.kind != DATA_KIND]
+    data = [f for f in facts if f.kind == DATA_KIND]
+    out: dict = {"all": rate([values[f.id] for f in planted])}
     for lang in ("en", "zh"):
-        out[lang] = rate([values[f.id] for f in facts if f.lang == lang])
+        out[lang] = rate([values[f.id] for f in planted if f.lang == lang])
         for group, kinds in GROUPS.items():
-            out[f"{lang} {group}"] = rate([values[f.id] for f in facts if f.lang == lang and f.kind in kinds])
+            out[f"{lang} {group}"] = rate([values[f.id] for f in planted if f.lang == lang and f.kind in kinds])
     for kind in KINDS:
-        out[kind] = rate([values[f.id] for f in facts if f.kind == kind])
+        out[kind] = rate([values[f.id] for f in planted if f.kind == kind])
+    out[DATA_KIND] = rate([values[f.id] for f in data])
+    for lang in ("en", "zh"):
+        out[f"{DATA_KIND} {lang}"] = rate([values[f.id] for f in data if f.lang == lang])
     return out
 
 
@@ -428,9 +526,14 @@ def write_plot(methods: dict[str, MethodResult], facts: list[Fact], path: Path, 
 
 
 def write_report(out: Path, results: dict, methods: dict[str, MethodResult], facts: list[Fact]) -> None:
+    planted = [f for f in facts if f.kind != DATA_KIND]
+    data = [f for f in facts if f.kind == DATA_KIND]
     lines = [f"# Memory fidelity ({results['model']})", "", f"Command: `{results['command']}`", "",
-             f"{len(facts)} planted facts ({sum(f.lang == 'en' for f in facts)} English, "
-             f"{sum(f.lang == 'zh' for f in facts)} Chinese) in {len(PLANTS)} turns, then "
+             f"{len(planted)} planted facts ({sum(f.lang == 'en' for f in planted)} English, "
+             f"{sum(f.lang == 'zh' for f in planted)} Chinese) in {len(PLANTS)} turns, and {len(data)} statements "
+             f"from the data ({sum(f.lang == 'en' for f in data)} LoCoMo turns that QA evidence points to, "
+             f"{sum(f.lang == 'zh' for f in data)} KdConv turns that their dialogue knowledge points to; rows "
+             f"`data`, not in `all`), then "
              f"{results['filler_turns']} filler turns from LoCoMo and KdConv. Context window "
              f"{results['context_tokens']} tokens, {results['reserved_output_tokens']} reserved for the answer "
              f"(prompt budget {results['budget']}); recent window {results['recent_turns']} turns; compaction "
@@ -443,12 +546,13 @@ def write_report(out: Path, results: dict, methods: dict[str, MethodResult], fac
         if not any(shares.values()):
             lines.append(f"| {which} | " + " | ".join("not measured (fake model)" for _ in methods) + " |")
             continue
-        for key in ["all", "en", "zh", *[f"{lang} {group}" for lang in ("en", "zh") for group in GROUPS]]:
+        for key in ["all", "en", "zh", *[f"{lang} {group}" for lang in ("en", "zh") for group in GROUPS],
+                    DATA_KIND, f"{DATA_KIND} en", f"{DATA_KIND} zh"]:
             lines.append(f"| {which}: {key} | " + " | ".join(pct(shares[m].get(key)) if shares[m] else "not measured"
                                                           for m in methods) + " |")
     lines += ["", "Per kind (retained / answered):", "", "| kind | " + " | ".join(METHOD_NAMES[m] for m in methods)
               + " |", "|" + "---|" * (len(methods) + 1)]
-    for kind in KINDS:
+    for kind in (*KINDS, DATA_KIND):
         cells = []
         for m in methods:
             r, a = breakdown(methods[m], facts, "retained"), breakdown(methods[m], facts, "answered")
@@ -482,6 +586,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--turn-timeout", type=float, default=240.0, help="seconds per chat turn")
     parser.add_argument("--settle-timeout", type=float, default=900.0, help="seconds to wait for compaction")
     parser.add_argument("--no-baselines", action="store_true", help="measure this project's memory only")
+    parser.add_argument("--data-statements", type=int, default=10, metavar="N",
+                        help="also plant N LoCoMo and N KdConv statements from the data (default 10; 0: none)")
+    parser.add_argument("--locomo", action="store_true",
+                        help="run the LoCoMo QA bench instead (bench/locomo_qa.py; the other options are its own)")
     parser.add_argument("--dump", action="store_true",
                         help="also write contexts.json (every method's context and answers) for inspection; it "
                              "holds dataset text, so never commit it")
@@ -489,15 +597,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    raw = list(sys.argv[1:] if argv is None else argv)
+    if "--locomo" in raw:
+        from bench import locomo_qa
+
+        return locomo_qa.main([a for a in raw if a != "--locomo"])
     args = build_parser().parse_args(argv)
     command = "python bench/fidelity.py " + " ".join(argv if argv is not None else sys.argv[1:])
     if not (args.data / "locomo10.json").is_file() or not (args.data / "kdconv-sample.json").is_file():
         print(f"fidelity: no conversation data in {args.data} (use --data)", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    facts = FACTS
+    extra_turns, extra_facts = data_facts(args.data, args.data_statements, len(PLANTS))
+    facts = FACTS + extra_facts
     fillers = filler_turns(args.data, args.filler)
-    turns = [text for _, text in PLANTS] + fillers
+    turns = [text for _, text in PLANTS] + extra_turns + fillers
 
     system = System(None, fake=False, log_dir=args.out)
     fake = None
@@ -523,7 +637,8 @@ def main(argv: list[str] | None = None) -> int:
         services = Services(settings)
         counter = services.counter
         model_desc = "fake paraphrasing model" if args.fake else system.model_desc
-        say(f"fidelity: {len(turns)} turns ({len(PLANTS)} planting, {len(fillers)} filler) with {model_desc}")
+        say(f"fidelity: {len(turns)} turns ({len(PLANTS)} planting, {len(extra_turns)} from the data, "
+            f"{len(fillers)} filler) with {model_desc}")
         replayer = TranscriptReplayer(system.url, turn_timeout=args.turn_timeout, settle_timeout=args.settle_timeout,
                                       system_prompt=settings.system_prompt, check_alive=system.check_alive,
                                       progress_every=4)
