@@ -179,6 +179,7 @@ class ArchiveIndex:
     _postings: dict = field(default_factory=dict, repr=False)
     _offset: int = 0
     _scorer: _Scorer | None = field(default=None, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __len__(self) -> int:
         return len(self.turns)
@@ -195,6 +196,10 @@ class ArchiveIndex:
 
     def add(self, turns: Iterable[ArchivedTurn]) -> None:
         """Append turns newer than every turn held (older or repeated numbers are ignored)."""
+        with self._lock:
+            self._add(turns)
+
+    def _add(self, turns: Iterable[ArchivedTurn]) -> None:
         for turn in sorted(turns, key=lambda t: t.number):
             if self.turns and turn.number <= self.newest:
                 continue
@@ -212,6 +217,10 @@ class ArchiveIndex:
 
     def drop_before(self, number: int) -> None:
         """Forget the turns numbered below ``number`` (the archive let them go, oldest first)."""
+        with self._lock:
+            self._drop_before(number)
+
+    def _drop_before(self, number: int) -> None:
         cut = 0
         while cut < len(self.turns) and self.turns[cut].number < number:
             for token in self._freqs[cut]:
@@ -228,8 +237,12 @@ class ArchiveIndex:
             self._offset += cut
             self._scorer = None
 
-    def scores(self, query_tokens: Sequence[str]) -> list[tuple[float, int]]:
-        """``(BM25 score, index)`` of every turn sharing a token with the query, best first (newer first on ties)."""
+    def scores(self, query_tokens: Sequence[str]) -> list[tuple[float, ArchivedTurn]]:
+        """``(BM25 score, turn)`` of every turn sharing a token with the query, best first (newer first on ties)."""
+        with self._lock:
+            return self._scores(query_tokens)
+
+    def _scores(self, query_tokens: Sequence[str]) -> list[tuple[float, ArchivedTurn]]:
         wanted = [t for t in dict.fromkeys(query_tokens) if t in self._nd]
         if not wanted or not self.turns:
             return []
@@ -239,7 +252,8 @@ class ArchiveIndex:
         if not candidates:
             return []
         scored = self._scorer.get_batch_scores(wanted, candidates)
-        return sorted(((s, i) for s, i in zip(scored, candidates) if s > 0), key=lambda p: (-p[0], -p[1]))
+        ranked = sorted(((s, i) for s, i in zip(scored, candidates) if s > 0), key=lambda p: (-p[0], -p[1]))
+        return [(s, self.turns[i]) for s, i in ranked]
 
 
 # ------------------------------------------------------------------------------------------ excerpts
@@ -324,10 +338,9 @@ def recall(index: ArchiveIndex | None, query: str, *, held: Iterable[str], max_t
         return []
     held_text = _norm("\n".join(held))
     chosen: list[Excerpt] = []
-    for score, i in ranked:
+    for score, turn in ranked:
         if len(chosen) >= max_excerpts:
             break
-        turn = index.turns[i]
         person = _clip(_left_over(turn.person, held_text), PERSON_MAX_CHARS)
         answer = _clip(_left_over(turn.answer, held_text), ANSWER_MAX_CHARS)
         if not person and not answer:

@@ -208,7 +208,7 @@ class ThreadStore:
             raise CorruptState(str(exc)) from None
         return ThreadState(messages=parsed, summary=summary, pins=pins, last_compacted_at=last,
                            version=int(raw.get("v", 0)), gen=int(raw.get("gen", 0)), notes=notes,
-                           cleared=int(raw.get("clr", 0)))
+                           cleared=int(raw.get("clr", 0)), folded_turns=int(raw.get("ft") or 0))
 
     @_guard
     def load(self, thread_id: str) -> ThreadState:
@@ -275,8 +275,10 @@ class ThreadStore:
                          notes: list[str], compacted_at: str) -> CompactionCommit:
         """Compare-and-set a compaction result (see ``lua/apply_compaction.lua``).
 
-        Writes the summary, the notes and ``lastCompactedAt`` and removes the folded
-        messages; the person's pins are never written by a compaction.
+        Writes the summary, the notes and ``lastCompactedAt``, removes the folded messages and
+        puts every folded turn in the thread's archive (``app.store.archive``; capped by
+        ``limits.archive_max_turns`` and ``limits.archive_max_bytes``, oldest out); the person's
+        pins are never written by a compaction.
 
         Returns ``applied`` when the generation is unchanged and ``folded_ids`` are still
         the oldest messages in order; otherwise ``stale`` and nothing is written.
@@ -284,7 +286,8 @@ class ThreadStore:
         keys = ThreadKeys(thread_id)
         result = self._write(
             self._apply, keys.ttl_keys(),
-            [str(expected_gen), _dumps(list(folded_ids)), summary, _dumps(list(notes)), compacted_at, self.ttl],
+            [str(expected_gen), _dumps(list(folded_ids)), summary, _dumps(list(notes)), compacted_at, self.ttl,
+             self.limits.archive_max_turns, self.limits.archive_max_bytes],
         )
         if result[0] == "applied":
             return CompactionCommit("applied", int(result[1]))
