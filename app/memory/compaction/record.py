@@ -52,8 +52,8 @@ dropping anything, and reports every line and fact it had to let go:
 6. lines of an earlier free-text summary, oldest first;
 7. ``Person:`` lines, least referenced first, then oldest.
 
-"Referenced" counts how many of a line's content words (Chinese: character pairs) appear in
-the rest of memory (other lines, notes, pins and the turns kept verbatim).  Every folded turn
+"Referenced" counts how many of a line's retrieval tokens (``app.memory.recall.tokenize``: words,
+identifiers and numbers, Chinese words) appear in the rest of memory (other lines, notes, pins and the turns kept verbatim).  Every folded turn
 stays in the thread's archive (``app.store.archive``) whatever the record lets go, and is
 recalled from there when a new message asks for it (``app.memory.recall``).
 """
@@ -68,6 +68,7 @@ from typing import Iterable, Sequence
 from app.memory.compaction import forms
 from app.memory.compaction.facts import CJK_RE, extract_facts, fact_present, states_decision
 from app.memory.compaction.notes import content_units
+from app.memory.recall import tokenize
 from app.memory.state import ThreadMessage
 from app.memory.tokens import TokenCounter
 
@@ -473,15 +474,15 @@ def fit_record(record: Record, *, max_chars: int, max_tokens: int, counter: Toke
         return record, FitReport()
     max_chars, max_tokens = int(max_chars * FIT_SHARE), int(max_tokens * FIT_SHARE)  # room for what comes next
 
-    units = {id(line): content_units(line.text) for line in lines}
-    reference_units = content_units(reference_text)
+    units = {id(line): set(tokenize(line.text)) for line in lines}
+    reference_units = set(tokenize(reference_text))
 
     def references(line: RecordLine) -> int:
-        mine = units.get(id(line)) or content_units(line.text)
+        mine = units.get(id(line)) or set(tokenize(line.text))
         others = set(reference_units)
         for other in lines:
             if other is not line:
-                others |= units.get(id(other)) or content_units(other.text)
+                others |= units.get(id(other)) or set(tokenize(other.text))
         return len(mine & others)
 
     def drop_where(step: str, predicate, order=None) -> bool:
