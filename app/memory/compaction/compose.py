@@ -284,5 +284,16 @@ def compose(state: ThreadState, plan: CompactionPlan, answer: CompactionAnswer |
         notes_refused=len(merged.refused),
         policy_steps=report.steps,
         unread_share=round(unread_share("\n".join(folded_texts)), 3),
-        room_tokens=max(int(allowed - after_memory), 0),
+        room_tokens=max(int(allowed - _without_asked_cost(fitted, new_lines, merged.notes, pins, counter,
+                                                          after_memory)), 0),
     )
+
+
+def _without_asked_cost(fitted: Record, new_lines: Sequence[RecordLine], notes, pins, counter: TokenCounter,
+                        cost: int) -> int:
+    """What memory costs without the ``Asked:`` lines this fold added (a model's gist stands in their place)."""
+    asked = {id(line) for line in new_lines if line.kind == ASKED}
+    if not asked:
+        return cost
+    lines = tuple(line for line in fitted.lines if id(line) not in asked) + (RecordLine(ABOUT, ""),)
+    return memory_cost(Record(fitted.first_turn, fitted.last_turn, lines).render(), notes, pins, counter)
