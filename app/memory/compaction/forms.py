@@ -56,14 +56,14 @@ _FIRST_PERSON_RE = re.compile(
 _ZH_FIRST_PERSON_RE = re.compile(r"我|咱")
 
 # --- English -------------------------------------------------------------------------------------
-_INTERJECTION = (r"(?:oh|ah|aw+|wow|whoa|yay|haha|lol|hmm+|omg|ooh|ugh|yikes|gosh|oops|phew|hey|yo|"
+_INTERJECTION = (r"(?:oh|ah|aw+|wow+|whoa|yay|woo+hoo+|woo+t?|hooray|yippee|haha|lol|hmm+|omg|ooh|ugh|yikes|gosh|oops|phew|hey|yo|"
                  r"ok|okay|k|sure|yes|yeah|yep|yup|no|nope|nah|right|alright|all right|fine|cool|great|"
                  r"nice|awesome|amazing|perfect|excellent|good|super|sweet|neat|lovely|brilliant|wonderful|"
                  r"fantastic|totally|absolutely|exactly|indeed|true|definitely|certainly|of course|agreed|agree|"
                  r"got it|gotcha|understood|noted|i see|makes sense|sounds good|sounds great|fair enough|"
                  r"no problem|no worries|congrats|congratulations|bravo|well done)")
-_GREETING_RE = re.compile(r"^\W*(?:hi|hello|hey|hiya|howdy|yo|greetings|dear|good (?:morning|afternoon|evening|"
-                          r"night|day)|long time no see|(?:nice|good|great) to (?:see|hear from|meet) you|"
+_GREETING_RE = re.compile(r"^\W*(?:hi|hello|hey|hiya|howdy|yo|greetings|dear|(?:good )?(?:morning|afternoon|evening)|"
+                          r"good (?:night|day)|long time no see|(?:nice|good|great) to (?:see|hear from|meet) you|"
                           r"bye|goodbye|see you|see ya|take care|talk (?:to you )?(?:soon|later)|cheers)\b", re.I)
 _THANKS_RE = re.compile(r"^\W*(?:(?:oh|ok|okay|wow|great|awesome),? )?(?:thanks|thank you|thank u|thx|ty|"
                         r"many thanks|much appreciated|appreciate it|cheers)\b", re.I)
@@ -262,6 +262,16 @@ def ordinal_reference(sentence: str) -> int | None:
     if re.search(r"最后一个", sentence):
         return -1
     return None
+
+
+_ORDINAL_WORDS = {1: r"first|1st|第一", 2: r"second|2nd|第二", 3: r"third|3rd|第三", 4: r"fourth|4th|第四",
+                  5: r"fifth|5th|第五", -1: r"last|最后"}
+
+
+def names_ordinal(text: str, ordinal: int) -> bool:
+    """True when ``text`` itself names the ``ordinal``-th item ("The second option is …", ``第二个是…``)."""
+    words = _ORDINAL_WORDS.get(ordinal)
+    return bool(words and re.search(rf"(?:\b(?:{words})\b|{words})", text, re.I))
 
 
 def corrects(sentence: str) -> bool:

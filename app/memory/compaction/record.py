@@ -335,12 +335,17 @@ def _answer_items(text: str) -> list[str]:
     return items if len(items) >= 2 else sentences(plain)
 
 
+def _is_list(text: str) -> bool:
+    return sum(1 for line in text.split("\n") if _ITEM_RE.match(line)) >= 2
+
+
 def told_line(person_text: str, previous_answer: str, own_answer: str, number: int = 0) -> RecordLine | None:
     """The answer's sentence holding what the person accepted, as a ``told`` line; None when the person's
     message accepts nothing (``forms.accepts_answer``) or no answer is known.
 
     The sentence is taken from ``previous_answer`` (what the person replies to), else from ``own_answer``:
-    the item the person points at by order ("the second option", ``第二个``), else the sentence sharing the
+    the item the person points at by order ("the second option", ``第二个``: the answer's list item, or the
+    sentence that names that place, "The second one is …"), else the sentence sharing the
     most content units with the person's message and the turn's own answer (which usually confirms what was
     chosen), else the answer's first sentence.
     """
@@ -352,8 +357,12 @@ def told_line(person_text: str, previous_answer: str, own_answer: str, number: i
     if not items:
         return None
     ordinal = next((o for o in map(forms.ordinal_reference, accepting) if o is not None), None)
-    if ordinal is not None and -len(items) <= (ordinal - 1 if ordinal > 0 else ordinal) < len(items):
+    listed = items is not None and _is_list(source)
+    naming = [item for item in items if ordinal is not None and forms.names_ordinal(item, ordinal)]
+    if ordinal is not None and listed and -len(items) <= (ordinal - 1 if ordinal > 0 else ordinal) < len(items):
         chosen = items[ordinal - 1 if ordinal > 0 else ordinal]
+    elif naming:
+        chosen = naming[0]
     else:
         wanted = content_units(person_text + "\n" + (own_answer if previous_answer.strip() else ""))
         scored = [(len(content_units(item) & wanted), -index, item) for index, item in enumerate(items)]
