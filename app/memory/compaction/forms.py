@@ -116,7 +116,8 @@ _ACCEPT_EN_RE = re.compile(
     r" (?:go with|use|take|pick|choose|try|do|stick with|keep|call it|name it|adopt|run with|book|order)\b"
     r"|\b(?:go with|use|take|pick|choose|stick with) (?:that|this|it|those|these|yours|your|the (?:first|second|"
     r"third|fourth|fifth|last|latter|former|one|same)|option|number|#)\b"
-    r"|\b(?:that|this|it|the (?:first|second|third|fourth|fifth|last|latter|former)(?: one| option)?)"
+    r"|^\W*(?:(?:ok|okay|yes|yeah|great|perfect|sure|alright|good|fine)\W+)*"
+    r"(?:that|this|it|the (?:first|second|third|fourth|fifth|last|latter|former)(?: one| option)?)"
     r" (?:one )?(?:sounds|works|is perfect|is great|is good|looks good|it is|will do|is it|wins)\b"
     r"|\b(?:i|we) (?:like|love|prefer|agree with|accept|approve) (?:that|this|it|those|these|your|the (?:first|"
     r"second|third|fourth|fifth|last|latter|former|name|idea|plan|option|suggestion))\b", re.I)
