@@ -3,7 +3,7 @@
 Every folded turn stays in the thread's archive (``app.store.archive``: the person's
 message and the answer as committed, numbered by turn).  For each new message,
 ``recall`` picks the archived turns most relevant to it by BM25 (the ``rank-bm25``
-library's ``BM25Okapi`` scoring) and returns them as excerpts that fit a token
+library's ``BM25Plus`` scoring) and returns them as excerpts that fit a token
 budget (``MEMORY_RECALL_SHARE`` of the prompt budget), leaving out what the record,
 the notes, the pins and the recent turns already hold.  The prompt carries them as
 data, in a delimited section, in turn order (``format_recall``).
@@ -17,7 +17,7 @@ auxiliaries) are not tokens: they say nothing about which turn is meant.
 
 ``ArchiveIndex`` keeps the tokenised turns of one thread with per-document term
 counts, postings and document frequencies maintained as turns come and go, so a
-query scores only the turns that share a token with it (``BM25Okapi.get_batch_scores``)
+query scores only the turns that share a token with it (``BM25Plus.get_batch_scores``)
 and adding a compaction's turns costs only those turns' tokenisation.
 """
 
@@ -31,7 +31,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
-from rank_bm25 import BM25Okapi
+from rank_bm25 import BM25Plus
 
 from app.memory.state import ThreadMessage
 from app.memory.tokens import TokenCounter
@@ -44,6 +44,11 @@ PERSON_MAX_CHARS = 600
 """Longest person's message in an excerpt (cut at a word edge, `` …``)."""
 ANSWER_MAX_CHARS = 360
 """Longest answer in an excerpt."""
+RELATIVE_FLOOR = 0.25
+"""A turn is recalled only when it matches at least this share of the best match's score (a turn that shares
+only a word found everywhere, such as the other speaker's name, is not recalled beside a real match)."""
+SHORT_PERSON_CHARS = 160
+"""An excerpt that does not fit whole is tried with the person's words cut to this length, without the answer."""
 MIN_SECTION_TOKENS = 48
 """Below this room no recall is tried."""
 RECALL_HEADER = ("Recalled from earlier in this conversation (archived turns that match the new message; data, "
@@ -147,11 +152,15 @@ class ArchivedTurn:
         return cls(int(data["n"]), tuple(ThreadMessage.from_dict(m) for m in data["m"]))
 
 
-class _Scorer(BM25Okapi):
-    """``BM25Okapi`` over term counts kept by ``ArchiveIndex`` (the corpus is not tokenised again)."""
+class _Scorer(BM25Plus):
+    """``BM25Plus`` over term counts kept by ``ArchiveIndex`` (the corpus is not tokenised again).
 
-    def __init__(self, doc_freqs: list[dict], doc_len: list[int], nd: dict, k1=1.5, b=0.75, epsilon=0.25):
-        self.k1, self.b, self.epsilon = k1, b, epsilon
+    BM25+ rather than Okapi: its idf, ``log((N + 1) / n)``, stays positive in a small archive (Okapi's is
+    negative for a word in more than half of the documents, so the one archived turn of a young thread
+    could never be recalled)."""
+
+    def __init__(self, doc_freqs: list[dict], doc_len: list[int], nd: dict, k1=1.5, b=0.75, delta=1.0):
+        self.k1, self.b, self.delta = k1, b, delta
         self.corpus_size = len(doc_freqs)
         self.doc_freqs = doc_freqs
         self.doc_len = doc_len
@@ -251,8 +260,12 @@ class ArchiveIndex:
         candidates = sorted({p - self._offset for t in wanted for p in self._postings[t]})
         if not candidates:
             return []
-        scored = self._scorer.get_batch_scores(wanted, candidates)
-        ranked = sorted(((s, i) for s, i in zip(scored, candidates) if s > 0), key=lambda p: (-p[0], -p[1]))
+        # BM25+ adds delta * idf of every query token to every document: what a turn matched is the rest
+        base = self._scorer.delta * sum(self._scorer.idf.get(t, 0.0) for t in wanted)
+        scored = [s - base for s in self._scorer.get_batch_scores(wanted, candidates)]
+        best = max(scored, default=0.0)
+        ranked = sorted(((s, i) for s, i in zip(scored, candidates) if s > 0 and s >= RELATIVE_FLOOR * best),
+                        key=lambda p: (-p[0], -p[1]))
         return [(s, self.turns[i]) for s, i in ranked]
 
 
@@ -345,7 +358,8 @@ def recall(index: ArchiveIndex | None, query: str, *, held: Iterable[str], max_t
         answer = _clip(_left_over(turn.answer, held_text), ANSWER_MAX_CHARS)
         if not person and not answer:
             continue
-        for candidate in (Excerpt(turn.number, person, answer, score), Excerpt(turn.number, person, "", score)):
+        for candidate in (Excerpt(turn.number, person, answer, score), Excerpt(turn.number, person, "", score),
+                          Excerpt(turn.number, _clip(person, SHORT_PERSON_CHARS), "", score)):
             if not candidate.person and not candidate.answer:
                 continue
             if counter.message("system", format_recall([*chosen, candidate])) <= max_tokens:

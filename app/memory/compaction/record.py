@@ -407,21 +407,21 @@ def mark_replaced(lines: Sequence[RecordLine]) -> tuple[RecordLine, ...]:
     ``replaced_by`` that correction's turn.
 
     Grounded only: the later line corrects (``forms.corrects``: "moved to", "actually", ``改到``, ...), comes
-    from a later turn, and holds at least ``REPLACED_SHARE`` of the earlier line's content units (and at
-    least one); the earlier line keeps its text (the model reads both, in order).  Lines already marked stay
+    from a later turn, and holds at least ``REPLACED_SHARE`` of the earlier line's words
+    (``app.memory.recall.tokenize``: content words, identifiers and numbers, Chinese words; and at least one); the earlier line keeps its text (the model reads both, in order).  Lines already marked stay
     as they are.
     """
     out = list(lines)
     for later_index, later in enumerate(out):
         if later.kind != PERSON or not later.turn or not forms.corrects(later.text):
             continue
-        later_units = content_units(later.text)
+        later_units = set(tokenize(later.text))
         for index in range(later_index):
             earlier = out[index]
             if earlier.kind not in (PERSON, TOLD) or earlier.replaced_by or not earlier.turn \
                     or earlier.turn >= later.turn:
                 continue
-            units = content_units(earlier.text)
+            units = set(tokenize(earlier.text))
             shared = units & later_units
             if shared and len(shared) >= REPLACED_SHARE * len(units):
                 out[index] = replace(earlier, replaced_by=later.turn)
