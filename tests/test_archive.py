@@ -171,3 +171,23 @@ def test_hydration_returns_the_archived_turns_before_the_messages(settings, stor
     assert [m["id"] for m in body["messages"]] == ["u3", "m3", "u4", "m4", "u5", "m5"]
     assert web.delete("/api/chat/thread").status_code == 204
     assert "archived" not in web.get("/api/chat/thread").get_json()
+
+
+def test_a_turn_over_the_socket_recalls_a_folded_turn_into_the_prompt(chat, fake_llm, store):
+    from tests.fake_llm import Reply
+    from tests.fixtures.streamed_chat import seed_memory
+
+    thread_id = chat.thread()["threadId"]
+    seed_memory(store, thread_id, turns=6, fold_turns=2, summary="They talked.", prefix="stored")
+    store.commit_final_turn(thread_id, FinalTurn("My sister Ana is allergic to peanuts, remember it.", "Noted."))
+    store.commit_final_turn(thread_id, FinalTurn("stored question 8", "stored answer 8"))
+    state = store.load(thread_id)  # fold turns 3-7: the allergy is in the archive only
+    assert store.apply_compaction(thread_id, expected_gen=state.gen, folded_ids=[m.id for m in state.messages[:-2]],
+                                  summary="They talked.", notes=[], compacted_at=CREATED).outcome == "applied"
+    fake_llm.default = Reply(text="Ana is allergic to peanuts.")
+    frames = chat.turn("Who is allergic to peanuts?")
+    assert frames[-1]["status"] == "completed"
+    prompt = fake_llm.last_request().messages
+    [recalled] = [m["content"] for m in prompt if m["role"] == "system" and "<recalled>" in m["content"]]
+    assert "- Person (turn 7): My sister Ana is allergic to peanuts, remember it." in recalled
+    assert [m["role"] for m in prompt].index("user") > [m["content"] for m in prompt].index(recalled)
