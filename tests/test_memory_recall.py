@@ -161,7 +161,7 @@ def test_a_correction_marks_the_line_it_replaces_and_the_prompt_says_the_later_o
     ctx = assemble_context(state, "What is the budget?", system_prompt="S", counter=COUNTER, context_tokens=8192,
                            reserved_output_tokens=1024)
     assert ctx.messages[1].content.startswith(RECORD_HEADER)
-    assert "the later one holds" in RECORD_HEADER and "numbered by turn" in RECORD_HEADER
+    assert "a later turn overrides an earlier one" in RECORD_HEADER
     assert "the later one holds" in RECALL_HEADER
 
 
