@@ -541,7 +541,7 @@ def test_without_room_for_a_gist_the_model_is_not_asked(compaction_rig, fake_llm
     rig.worker()
     tid = thread_id_for("no room")
     # one turn to fold that frees a little more than the gain rule asks: about 12 tokens of room, no gist fits
-    commit_turn(rig.store, tid, 1, assistant=assistant_text(1) + " and so on" * 6)
+    commit_turn(rig.store, tid, 1, assistant=assistant_text(1) + " and so on")
     assert rig.request(tid, seed_turns(rig.store, tid, 4, start=2))
     rig.wait_outcome(tid, "applied")
     assert rig.store.load(tid).summary == record(1, 1, asked(1))
