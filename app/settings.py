@@ -43,6 +43,9 @@ LIMIT_VARIABLES = {
     "pinned_max_chars": "MEMORY_PINNED_MAX_CHARS",
     "delivery_final_max_chars": "DELIVERY_FINAL_MAX_CHARS",
     "compact_batch_turns": "MEMORY_COMPACT_BATCH_TURNS",
+    "archive_max_turns": "MEMORY_ARCHIVE_MAX_TURNS",
+    "archive_max_bytes": "MEMORY_ARCHIVE_MAX_BYTES",
+    "recall_share": "MEMORY_RECALL_SHARE",
 }
 
 DEFAULT_SYSTEM_PROMPT = (

@@ -46,7 +46,8 @@ def test_p5_twelve_messages_compacted_keep_exactly_the_last_eight(compaction_rig
     assert message_ids(state) == ["u3", "a3", "u4", "a4", "u5", "a5", "u6", "a6"]
     assert [m.role for m in state.messages] == ["user", "assistant"] * 4
     # the model's summary and decision: its gist heads the record, its (grounded) decision is a note
-    assert state.summary == record(1, 2, "- About: " + ANSWER["summary"], "- Person: " + decision + ", thanks.")
+    assert state.summary == record(1, 2, "- About: " + ANSWER["summary"],
+                                   "- Person (turn 1): " + decision + ", thanks.")
     assert (state.notes, state.pins) == ((decision,), ())
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", state.last_compacted_at)
     assert started <= state.last_compacted_at <= finished  # set by the worker, never by the model
@@ -289,4 +290,4 @@ def test_b8_special_token_spellings_are_compacted_without_an_error(compaction_ri
     state = rig.store.load(tid)
     assert message_ids(state) == turn_ids(3, 6)
     assert outcome.reason == "llm" and "- About: " + summary in state.summary.splitlines()
-    assert "- Person: " + special_user in state.summary.splitlines()
+    assert "- Person (turn 1): " + special_user in state.summary.splitlines()

@@ -1,7 +1,8 @@
 """The page tells the truth about memory: Debian's Chromium driven by Playwright against the live app and the fake model.
 
 - Turns a compaction folds stay on the page, marked as summarized, before a divider; after a reload the summary
-  is the conversation's first item ("Earlier in this conversation") with the pinned decisions.
+  is the conversation's first item ("Earlier in this conversation") with the pinned decisions, and the folded
+  turns are shown again from the thread's archive, dimmed.
 - The person's pinned decisions and the model's notes are shown apart; a note is promoted to a pinned decision.
 - A stale compaction's history entry says it was discarded, without figures.
 - A turn waiting for its first token says so, with the seconds elapsed; answers and code blocks copy exactly;
@@ -117,7 +118,9 @@ def test_folded_turns_stay_and_a_reload_opens_on_the_summary(make_live_app, app_
     summary = services.store.load(thread_id).summary
     assert earlier.get_by_test_id("earlier-summary").inner_text() == summary.strip()
     assert earlier.locator("li[data-by=person]").all_inner_texts() == [PIN]
-    assert [(r, t) for r, t, _ in shown(page)] == sent[folded:]
+    # the folded turns are back from the thread's archive, dimmed as before the reload
+    assert shown(page) == [(r, t, "true" if i < folded else "") for i, (r, t) in enumerate(sent)]
+    assert page.locator(MESSAGES + '[data-archived="true"]').count() == folded
     earlier.locator("summary").click()  # collapsed again
 
     # ---- promote the model's note: it becomes the person's pinned decision, in the store

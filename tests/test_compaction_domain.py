@@ -13,8 +13,9 @@ from hypothesis import given, settings as hsettings, strategies as st
 
 from app.memory import compaction as c
 from app.memory.compaction.notes import merge_notes, note_problem
-from app.memory.compaction.record import (ABOUT, ASSISTANT, PERSON, TEXT, Record, RecordLine, fit_record,
-                                          HEADER, condense, parse_record, statement_lines, statement_sentences)
+from app.memory.compaction.record import (ABOUT, ASSISTANT, LINE_MAX_CHARS, PERSON, TEXT, Record, RecordLine,
+                                          fit_record, HEADER, condense, parse_record, statement_lines,
+                                          statement_sentences)
 from app.memory.state import Pin, ThreadMessage, ThreadState
 from app.memory.tokens import counter_for
 from app.settings import MemoryLimits
@@ -35,12 +36,12 @@ def message(mid: str, role: str, text: str) -> ThreadMessage:
 
 
 def thread(turns: int, *, summary: str = "", pins=(), notes=(), texts=None, gen: int = 3,
-           version: int = 7) -> ThreadState:
+           version: int = 7, folded: int = 0) -> ThreadState:
     messages = []
     for n in range(1, turns + 1):
-        user, answer = texts(n) if texts else (f"question number {n}", f"answer number {n}")
+        user, answer = texts(n) if texts else (f"What about question number {n}?", f"answer number {n}")
         messages += [message(f"u{n}", "user", user), message(f"a{n}", "assistant", answer)]
-    return ThreadState(tuple(messages), summary, tuple(pins), None, version, gen, tuple(notes))
+    return ThreadState(tuple(messages), summary, tuple(pins), None, version, gen, tuple(notes), folded_turns=folded)
 
 
 def plan_of(state, limits=LIMITS, budget=BUDGET):
@@ -136,8 +137,9 @@ def test_the_model_sees_only_the_folded_turns_never_the_summary_or_pins():
                    pins=[Pin("Use Postgres")])
     prompt = c.build_compaction_prompt(plan_of(state), LIMITS, COUNTER, BUDGET)
     assert [m["role"] for m in prompt] == ["system", "user"]
-    assert prompt[1]["content"] == ("TURNS (oldest first):\n[person] question number 1\n[assistant] answer number 1\n"
-                                    "[person] question number 2\n[assistant] answer number 2\n\n"
+    assert prompt[1]["content"] == ("TURNS (oldest first):\n[person] What about question number 1?\n"
+                                    "[assistant] answer number 1\n"
+                                    "[person] What about question number 2?\n[assistant] answer number 2\n\n"
                                     "Answer with the JSON object only.")
     assert "Marta" not in str(prompt) and "Postgres" not in str(prompt)
     assert '{"summary": "...", "pinnedDecisions": ["..."]}' in prompt[0]["content"]
@@ -243,7 +245,7 @@ def test_the_answer_to_a_turn_that_only_told_something_adds_no_line():
         assert [(line.kind, line.text) for line in lines] == [(PERSON, said)]
 
 
-def test_questions_and_requests_are_no_statements_unless_they_give_an_id_number_or_date():
+def test_questions_and_requests_are_no_statements_whatever_they_name():
     def lines(user: str, answer: str = "Fine.") -> list[tuple[str, str]]:
         return [(line.kind, line.text) for line in
                 statement_lines((message("u1", "user", user), message("a1", "assistant", answer)))]
@@ -254,7 +256,9 @@ def test_questions_and_requests_are_no_statements_unless_they_give_an_id_number_
     assert lines("Explain Redis persistence briefly.") == []
     assert lines("Give me a Python one-liner to reverse a string.") == []
     assert lines("请解释一下Redis的持久化。") == []
-    assert lines("Is INC-4471 still open?", "Yes, it is.") == [(PERSON, "Is INC-4471 still open?")]
+    assert lines("Is INC-4471 still open?", "Yes, it is.") == []  # asking names no fact of the person's
+    assert lines("We moved the launch to Tuesday, can you update the plan?") == [
+        (PERSON, "We moved the launch to Tuesday")]  # the statement clause of a question is kept
     # the guard reads the same sentences: it never demands "Bloom" or "Redis" from a question
     assert statement_sentences("What is a Bloom filter? We run Redis 7 in Frankfurt.") == [
         "We run Redis 7 in Frankfurt."]
@@ -282,13 +286,16 @@ def test_a_turn_without_facts_or_decisions_adds_no_line():
     assert statement_lines(turn) == []
 
 
-def test_a_long_sentence_keeps_the_clauses_with_its_facts():
+def test_a_long_sentence_is_kept_whole_and_a_very_long_one_is_cut_at_a_word_edge():
     sentence = ("Well, as I was saying earlier, after a lot of back and forth with the whole team, and many long "
                 "meetings that went on and on until late in the evening, with pizza, coffee and far too many slides, "
                 "we finally opened ticket INC-4471, which tracks the outage, and we will review it weekly.")
     [line] = statement_lines((message("u1", "user", sentence),))
-    assert line.text == "we finally opened ticket INC-4471"
-    assert len(line.text) < len(sentence)
+    assert line.text == sentence  # whatever its words: the form decides, and it is a statement
+    longer = sentence[:-1] + ", and then " + sentence[0].lower() + sentence[1:].replace("INC-4471", "INC-4472")
+    [cut] = statement_lines((message("u1", "user", longer),))
+    assert cut.text.endswith(" …") and len(cut.text) <= LINE_MAX_CHARS
+    assert longer.startswith(cut.text[:-2]) and longer[len(cut.text) - 2] in " ,"  # ends on a whole word
 
 
 def lines_record(n: int) -> Record:
@@ -393,8 +400,8 @@ def test_a_fold_without_the_model_keeps_every_planted_fact_and_shrinks_memory():
     result = compose(state)
     assert result.summary == (
         "Statements kept from earlier turns:\n"
-        "- Person: Hi, my name is Lin Wei and I work at Northwind in Rotterdam.\n"
-        "- Person: Our incident ticket is INC-4471; the outage started on 14 March 2025 at 09:20 UTC.\n"
+        "- Person (turn 1): Hi, my name is Lin Wei and I work at Northwind in Rotterdam.\n"
+        "- Person (turn 2): Our incident ticket is INC-4471; the outage started on 14 March 2025 at 09:20 UTC.\n"
         "(turns 1–2 of this conversation)")
     assert result.strategy == "extractive" and result.notes == ()
     assert (result.facts_checked, result.facts_kept, result.facts_dropped) == (6, 6, 0)
@@ -410,11 +417,12 @@ def test_a_greeting_that_only_names_someone_is_neither_recorded_nor_guarded():
                     "the evenings feel that good is worth a lot, and it is lovely that it still surprises you after "
                     "all this time. Tell me more whenever you like, it is always nice to hear about the places "
                     "people call home and what makes them feel that way.")
-        return (f"question number {n}", f"answer number {n}")
+        return (f"What about question number {n}?", LONG_ANSWER)
     result = compose(thread(6, texts=texts))
     assert result.summary == ("Statements kept from earlier turns:\n"
-                              "- Person: I moved to Lisbon in 2021 and I still love the light there in the evenings.\n"
-                              "- Asked: question number 2\n(turns 1–2 of this conversation)")
+                              "- Person (turn 1): I moved to Lisbon in 2021 and I still love the light there in the "
+                              "evenings.\n"
+                              "- Asked (turn 2): What about question number 2?\n(turns 1–2 of this conversation)")
     assert (result.facts_dropped, result.strategy) == (0, "extractive")
 
 
@@ -468,7 +476,7 @@ def test_for_turns_that_only_told_things_a_gist_retelling_the_answers_adds_no_li
     answer = c.validate_answer({"summary": invented, "pinnedDecisions": []})
     result = compose(state, answer)
     assert result.strategy == "llm" and "- About:" not in result.summary
-    assert "- Person: " + told in result.summary.splitlines()
+    assert "- Person (turn 1): " + told in result.summary.splitlines()
     grounded = c.validate_answer({"summary": "Lin Wei of Northwind Logistics in Rotterdam gave ticket INC-2.",
                                   "pinnedDecisions": []})
     assert "- About: Lin Wei of Northwind Logistics in Rotterdam gave ticket INC-2." in \
@@ -489,11 +497,12 @@ def test_a_gist_that_copies_the_answer_adds_no_line_but_a_gist_in_its_own_words_
 
 def test_a_gist_that_only_repeats_what_the_person_said_adds_no_line():
     said = "We have an incident: ticket INC-4471. The outage started on 14 March 2025 at 09:20 UTC."
-    state = thread(6, texts=lambda n: (said, LONG_ANSWER) if n == 1 else (f"question number {n}", LONG_ANSWER))
+    state = thread(6, texts=lambda n: (said, LONG_ANSWER) if n == 1 else (f"What about question number {n}?",
+                                                                          LONG_ANSWER))
     answer = c.validate_answer({"summary": said, "pinnedDecisions": []})
     result = compose(state, answer)
     assert result.strategy == "llm"
-    assert [line for line in result.summary.splitlines() if line.startswith("- ")] == ["- Person: " + said]
+    assert [line for line in result.summary.splitlines() if line.startswith("- ")] == ["- Person (turn 1): " + said]
 
 
 def test_an_answer_that_would_not_shrink_memory_enough_is_refused_as_growth():
@@ -534,7 +543,8 @@ def test_repeated_folds_append_never_rewrite_and_stay_within_both_limits():
             user, answer = planted(n)
             user = user.replace("4471", str(4471 + n)).replace("Lin Wei", f"Lin Wei {n}")
             kept += [message(f"u{n}", "user", user), message(f"a{n}", "assistant", answer)]
-        state = ThreadState(tuple(kept), result.summary, (), None, state.version + 1, state.gen + 1, result.notes)
+        state = ThreadState(tuple(kept), result.summary, (), None, state.version + 1, state.gen + 1, result.notes,
+                            folded_turns=state.folded_turns + plan.folded_turns)
     assert summaries[-1].endswith("\n(turns 1–20 of this conversation)")
 
 

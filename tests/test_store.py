@@ -142,7 +142,10 @@ def test_duplicate_commit_is_not_a_write(store, tid):
 def seed_side_keys(redis_client, tid, seconds=30):
     keys = ThreadKeys(tid)
     for key in keys.ttl_keys()[1:]:
-        redis_client.rpush(key, "1")
+        if key == keys.archive:
+            redis_client.zadd(key, {'{"n":0,"m":[]}': 0})
+        else:
+            redis_client.rpush(key, "1")
         redis_client.expire(key, seconds)
     return keys
 
@@ -155,7 +158,7 @@ def assert_ttls_refreshed(redis_client, keys, ttl=TTL):
 def test_commit_refreshes_the_ttl_of_every_key_of_the_thread(store, redis_client, tid):
     keys = seed_side_keys(redis_client, tid)
     store.commit_messages(tid, *turn(1), dedupe_by_text=False)
-    assert keys.ttl_keys() == [keys.state, keys.stats, keys.compactions, keys.feedback]
+    assert keys.ttl_keys() == [keys.state, keys.stats, keys.compactions, keys.feedback, keys.archive]
     assert_ttls_refreshed(redis_client, keys.ttl_keys())
 
 

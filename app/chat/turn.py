@@ -36,6 +36,7 @@ from app.memory.state import ThreadState, new_message_id
 from app.memory.status import TurnStatus
 from app.runtime.chat import ChatProducer
 from app.runtime.producer import Producer, ProducerError, ProducerResult, TurnIO
+from app.store.archive import load_turn_memory
 from app.store.thread_store import StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -171,8 +172,12 @@ class Turn(TurnIO):
                 could be kept).  The socket answers ``memory_unreadable``; a clear repairs the thread.
         """
         self.cleared_seen = None
+        self.archive = None
         try:
-            state = self.services.store.load(self.thread_id)
+            if self.services.settings.limits.recall_share > 0:  # the thread and its archive, one round trip
+                state, self.archive = load_turn_memory(self.services.store, self.thread_id)
+            else:
+                state = self.services.store.load(self.thread_id)
             self.cleared_seen = state.cleared
             return state
         except StoreUnavailable as exc:
@@ -190,7 +195,8 @@ class Turn(TurnIO):
         self.state = self.load_state()
         context = assemble_context(self.state, self.text, system_prompt=settings.system_prompt,
                                    counter=self.services.counter, context_tokens=settings.model_context_tokens,
-                                   reserved_output_tokens=settings.reserved_output_tokens)
+                                   reserved_output_tokens=settings.reserved_output_tokens,
+                                   archive=self.archive, recall_share=settings.limits.recall_share)
         self.context = self.outcome.context = context
         return context
 

@@ -39,6 +39,7 @@ from app.memory import compaction as domain
 from app.memory.compaction import CompactionAnswer, CompactionPlan, CompactionResult
 from app.compaction.requests import retry_marker_ttl, running_marker_ttl
 from app.memory.state import ThreadState, utc_now_iso
+from app.store.archive import archived_turns
 from app.store.thread_store import CompactionCommit, CorruptState, StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -74,12 +75,14 @@ def retry_countdown(settings, retries: int) -> float:
 
 @dataclass(frozen=True)
 class Prepared:
-    """A thread read for compaction, the plan made from it, and the hard cap on stored messages."""
+    """A thread read for compaction, the plan made from it, the hard cap on stored messages, and the answer of
+    the turn folded last (what a first folded turn that accepts an answer points at)."""
 
     thread_id: str
     state: ThreadState
     plan: CompactionPlan
     hard_cap: int
+    preceding_answer: str = ""
 
     @property
     def at_hard_cap(self) -> bool:
@@ -125,13 +128,16 @@ def prepare(services, thread_id: str) -> Prepared | None:
                                   fixed_prompt_tokens=domain.fixed_prompt_tokens(settings.limits, services.counter))
     if plan is None:
         return None
-    return Prepared(thread_id, state, plan, domain.hard_cap_messages(settings.limits))
+    preceding = archived_turns(services.store, thread_id, newest=1) if state.folded_turns else []
+    return Prepared(thread_id, state, plan, domain.hard_cap_messages(settings.limits),
+                    preceding[-1].answer if preceding else "")
 
 
 def _compose(services, prepared: Prepared, answer: CompactionAnswer | None, *, force: bool = False):
     settings = services.settings
     return domain.compose(prepared.state, prepared.plan, answer, limits=settings.limits, counter=services.counter,
-                          prompt_budget=settings.prompt_budget, force=force)
+                          prompt_budget=settings.prompt_budget, force=force,
+                          preceding_answer=prepared.preceding_answer)
 
 
 def _ask(services, messages: list[dict], deadline: float, max_gist_chars: int):

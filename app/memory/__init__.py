@@ -8,6 +8,7 @@ The seed design in a few modules:
 - ``final_turn``: which finished turns are written and how their text is cleaned.
 - ``tokens``: tiktoken token counting with a cache.
 - ``context``: the prompt for a turn, under a token budget.
+- ``recall``: BM25 retrieval of folded turns from the thread's archive, within a share of the budget.
 - ``compaction``: what to fold, the compaction prompt, the fact guard, the pin merge.
 - ``hydration``: the browser's view of a thread and the forbidden-key guard.
 """

@@ -7,6 +7,8 @@ never inspected: a message may say "tasklist".
 
 from __future__ import annotations
 
+from typing import Iterable
+
 from app.memory.schemas import SUMMARY_PREVIEW_CHARS
 from app.memory.state import ThreadState
 
@@ -59,11 +61,15 @@ def assert_no_forbidden_keys(value) -> None:
         raise ForbiddenKeyError(found)
 
 
-def build_hydration(thread_id: str, state: ThreadState, *, restored: bool | None = None) -> dict:
+def build_hydration(thread_id: str, state: ThreadState, *, restored: bool | None = None,
+                    archived: Iterable = ()) -> dict:
     """Return the hydration DTO.
 
-    Shape: ``{"threadId", "messages": [{id, role, text, createdAt}], "summaryPreview"?, "summary"?,
-    "pinnedDecisions": [str], "modelNotes"?: [str], "restored": bool}``; ``summaryPreview`` is
+    Shape: ``{"threadId", "messages": [{id, role, text, createdAt}], "archived"?: [{id, role, text,
+    createdAt}], "summaryPreview"?, "summary"?, "pinnedDecisions": [str], "modelNotes"?: [str],
+    "restored": bool}``; ``archived`` are the messages of the newest folded turns the thread's
+    archive holds (``archived``: ``ArchivedTurn``s, oldest first; the page shows them dimmed above
+    ``messages``), absent when there are none; ``summaryPreview`` is
     the first 240 characters of the summary and ``summary`` the whole of it (at most
     ``MEMORY_SUMMARY_MAX_CHARS``), both absent when the summary is empty;
     ``pinnedDecisions`` are the person's; ``modelNotes`` (what compactions proposed to
@@ -75,6 +81,9 @@ def build_hydration(thread_id: str, state: ThreadState, *, restored: bool | None
         "pinnedDecisions": state.pinned_decisions,
         "restored": (not state.is_empty) if restored is None else restored,
     }
+    folded = [m.to_dict() for turn in archived for m in turn.messages]
+    if folded:
+        dto["archived"] = folded
     if state.summary:
         dto["summaryPreview"] = state.summary[:SUMMARY_PREVIEW_CHARS]
         dto["summary"] = state.summary

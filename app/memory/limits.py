@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated
 
-from annotated_types import Ge
+from annotated_types import Ge, Le
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,10 @@ class MemoryLimits:
             before a compaction is due (1; at least 1).
         notes_max: most model notes kept (8; fewer than the person's pinned decisions; at least 1).
         note_max_chars: longest model note, in characters (200; at least 10).
+        archive_max_turns: most folded turns a thread's archive keeps, oldest out (2000; at least 1).
+        archive_max_bytes: most bytes a thread's archive keeps (2,000,000; at least 1000), oldest out;
+            the newest folded turn always stays.
+        recall_share: share of the prompt budget recalled excerpts may use (0.15; 0 to 0.5; 0: no recall).
     """
 
     recent_turns: Annotated[int, Ge(1)] = 4
@@ -37,3 +41,6 @@ class MemoryLimits:
     compact_batch_turns: Annotated[int, Ge(1)] = 1
     notes_max: Annotated[int, Ge(1)] = 8
     note_max_chars: Annotated[int, Ge(10)] = 200
+    archive_max_turns: Annotated[int, Ge(1)] = 2000
+    archive_max_bytes: Annotated[int, Ge(1000)] = 2_000_000
+    recall_share: Annotated[float, Ge(0), Le(0.5)] = 0.15

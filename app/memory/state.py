@@ -98,6 +98,9 @@ class ThreadState:
             first; shown and sent apart from the person's pinned decisions.
         cleared: how many times the thread was cleared (the store's ``clr``; 0 for a thread never
             cleared).  A turn commits only while it is unchanged (README: "How memory works").
+        folded_turns: how many person turns were folded into memory so far (the store's ``ft``; 0 for a
+            thread never compacted): ``messages`` start at turn ``folded_turns + 1``.  Turn numbers are
+            stable across compactions (docs/contract.md: Model context for a turn).
     """
 
     messages: tuple[ThreadMessage, ...] = ()
@@ -108,6 +111,7 @@ class ThreadState:
     gen: int = 0
     notes: tuple[str, ...] = ()
     cleared: int = 0
+    folded_turns: int = 0
 
     @property
     def pinned_decisions(self) -> list[str]:
@@ -122,3 +126,18 @@ class ThreadState:
     def turns(self) -> list[tuple[ThreadMessage, ...]]:
         """Group messages into whole turns (``group_turns``)."""
         return group_turns(self.messages)
+
+    def turn_numbers(self) -> list[int]:
+        """The number of each of ``turns()`` (a turn without its person message shares the number before)."""
+        return number_turns(self.turns(), self.folded_turns)
+
+
+def number_turns(turns, before: int) -> list[int]:
+    """Numbers of whole ``turns`` (oldest first) when ``before`` person turns came earlier: each turn that
+    opens with a person message takes the next number; one that does not keeps the current one."""
+    numbers, current = [], before
+    for turn in turns:
+        if turn and turn[0].role == "user":
+            current += 1
+        numbers.append(current)
+    return numbers

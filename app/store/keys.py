@@ -6,7 +6,8 @@ or script of the project names keys of two threads, and nothing scans the keyspa
 
 | key | type | holds |
 | --- | --- | --- |
-| ``mem:{hex}`` | hash | ``v``, ``gen``, ``clr`` (times cleared), ``messages`` (JSON), ``summary``, ``pins`` (JSON), ``notes`` (JSON), ``lastCompactedAt`` |
+| ``mem:{hex}`` | hash | ``v``, ``gen``, ``clr`` (times cleared), ``messages`` (JSON), ``summary``, ``pins`` (JSON), ``notes`` (JSON), ``lastCompactedAt``, ``ft`` (person turns folded so far), ``ab`` (archive bytes) |
+| ``mem:{hex}:archive`` | sorted set, capped | every folded turn, scored by its turn number: ``{"n", "m": [messages]}`` (``app.store.archive``) |
 | ``mem:{hex}:compacting`` | string, NX + EX | the one pending compaction (the version it saw); a short expiry while queued, held while its task runs |
 | ``mem:{hex}:events`` | pub/sub channel | compaction status for open sockets (a shard channel on a cluster: it lives in the thread's slot) |
 | ``mem:{hex}:stats`` | list, capped | per-turn token accounting (numbers only) |
@@ -92,6 +93,11 @@ class ThreadKeys:
         """The session's open websockets (a lease per socket; never memory)."""
         return f"ws:{self.tag}:sockets"
 
+    @property
+    def archive(self) -> str:
+        """The archive of folded turns (a sorted set scored by turn number; README: Recall)."""
+        return f"mem:{self.tag}:archive"
+
     def run(self, run_id: str) -> str:
         """Runtime state of one tool/agent/workflow run (never memory)."""
         return f"run:{self.tag}:{run_id}"
@@ -102,8 +108,9 @@ class ThreadKeys:
         return f"run:{self.tag}:paused"
 
     def ttl_keys(self) -> list[str]:
-        """Every key a write refreshes the TTL of (the state hash first)."""
-        return [self.state, self.stats, self.compactions, self.feedback]
+        """Every key a write refreshes the TTL of (the state hash first, the archive last); a clear
+        deletes all but the first."""
+        return [self.state, self.stats, self.compactions, self.feedback, self.archive]
 
 
 def provider_caps_key(base_url: str | None) -> str:

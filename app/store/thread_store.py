@@ -222,6 +222,7 @@ class ThreadStore:
             return ThreadState()
         try:
             version, gen, cleared = _counter(raw, "v"), _counter(raw, "gen"), _counter(raw, "clr")
+            folded = _counter(raw, "ft")
             messages = json.loads(raw.get("messages") or "[]")
             if not isinstance(messages, list):
                 raise ValueError("messages is not a list")
@@ -236,7 +237,8 @@ class ThreadStore:
         except (ValueError, TypeError, KeyError, AttributeError, RecursionError, ValidationError) as exc:
             raise CorruptState(f"{type(exc).__name__}: {exc}"[:300]) from None
         return ThreadState(messages=parsed, summary=summary, pins=pins, last_compacted_at=last,
-                           version=version, gen=gen, notes=notes, cleared=cleared)
+                           version=version, gen=gen, notes=notes, cleared=cleared,
+                           folded_turns=folded)
 
     @_guard
     def load(self, thread_id: str) -> ThreadState:
@@ -325,8 +327,10 @@ class ThreadStore:
                          notes: list[str], compacted_at: str) -> CompactionCommit:
         """Compare-and-set a compaction result (see ``lua/apply_compaction.lua``).
 
-        Writes the summary, the notes and ``lastCompactedAt`` and removes the folded
-        messages; the person's pins are never written by a compaction.
+        Writes the summary, the notes and ``lastCompactedAt``, removes the folded messages and
+        puts every folded turn in the thread's archive (``app.store.archive``; capped by
+        ``limits.archive_max_turns`` and ``limits.archive_max_bytes``, oldest out); the person's
+        pins are never written by a compaction.
 
         Returns ``applied`` when the generation is unchanged and ``folded_ids`` are still
         the oldest messages in order; otherwise ``stale`` and nothing is written.
@@ -334,7 +338,8 @@ class ThreadStore:
         keys = ThreadKeys(thread_id)
         result = self._write(
             self._apply, keys.ttl_keys(),
-            [str(expected_gen), _dumps(list(folded_ids)), summary, _dumps(list(notes)), compacted_at, self.ttl],
+            [str(expected_gen), _dumps(list(folded_ids)), summary, _dumps(list(notes)), compacted_at, self.ttl,
+             self.limits.archive_max_turns, self.limits.archive_max_bytes],
         )
         if result[0] == "applied":
             return CompactionCommit("applied", int(result[1]))

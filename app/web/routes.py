@@ -13,6 +13,7 @@ from app.identity import current_thread_id
 from app.memory.hydration import build_hydration, empty_hydration
 from app.llm.health import model_status
 from app.runtime.capabilities import tools_enabled
+from app.store.archive import archived_turns
 from app.store.thread_store import CorruptState, StoreUnavailable
 from app.web.responses import guarded_json, store_unavailable
 
@@ -44,7 +45,11 @@ def get_thread():
     except (StoreUnavailable, CorruptState) as exc:  # a corrupt thread is logged at ERROR by the store
         log.warning("hydration degraded for thread %s: %s", thread_id[:13], type(exc).__name__)
         return guarded_json(empty_hydration(thread_id))
-    return guarded_json(build_hydration(thread_id, state))
+    try:
+        archived = archived_turns(services().store, thread_id) if state.folded_turns else []
+    except StoreUnavailable:
+        archived = []  # the earlier turns stay out of view; the thread itself is shown
+    return guarded_json(build_hydration(thread_id, state, archived=archived))
 
 
 @bp.delete("/api/chat/thread")

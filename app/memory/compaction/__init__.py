@@ -3,8 +3,9 @@
 No Flask, Redis, Celery or openai here (``app.compaction`` does the I/O):
 
 - ``policy``: when a compaction is due, which whole turns it folds, the token caps.
-- ``facts``: the fact guard's reader (English and Chinese) and checks.
-- ``record``: the summary as a record of statements, appended per fold and fitted to its limits.
+- ``forms``: which of a person's sentences the record keeps, by form (English and Chinese).
+- ``facts``: the fact guard's reader (English and Chinese) and checks (a gist invents nothing; figures).
+- ``record``: the summary as a record of numbered statements, appended per fold and fitted to its limits.
 - ``notes``: the model's proposed decisions, kept as notes only when grounded.
 - ``prompt``: the model's prompt (only the folded turns; a short gist and proposals back).
 - ``answer``: the model's answer, validated.

@@ -38,10 +38,10 @@ from app.memory.compaction.answer import PROBLEM_GROWTH, PROBLEM_UNGROUNDED, Com
 from app.memory.compaction.facts import extract_facts, fact_present, facts_of, unread_share
 from app.memory.compaction.notes import grounding, merge_notes, normalize_pin
 from app.memory.compaction.policy import GAIN_SHARE, CompactionPlan, notes_token_cap, summary_token_cap
-from app.memory.compaction.record import ABOUT, ASKED, ASSISTANT, Record, RecordLine, asked_line, asks, \
-    fit_record, parse_record, sentences, statement_lines, statement_sentences
+from app.memory.compaction.record import ABOUT, ASKED, ASSISTANT, PERSON, TOLD, Record, RecordLine, asked_line, asks, \
+    fit_record, mark_replaced, parse_record, sentences, statement_lines
 from app.memory.context import format_pins, format_summary
-from app.memory.state import ThreadMessage, ThreadState, group_turns
+from app.memory.state import ThreadMessage, ThreadState, group_turns, number_turns
 from app.memory.tokens import TokenCounter
 
 STRATEGY_LLM = "llm"
@@ -172,7 +172,8 @@ def messages_cost(messages: Iterable[ThreadMessage], counter: TokenCounter) -> i
 
 
 def compose(state: ThreadState, plan: CompactionPlan, answer: CompactionAnswer | None, *, limits,
-            counter: TokenCounter, prompt_budget: int, force: bool = False) -> CompactionResult:
+            counter: TokenCounter, prompt_budget: int, force: bool = False,
+            preceding_answer: str = "") -> CompactionResult:
     """Build what a compaction writes (see the module docstring).
 
     Args:
@@ -183,6 +184,8 @@ def compose(state: ThreadState, plan: CompactionPlan, answer: CompactionAnswer |
         counter: the model's token counter.
         prompt_budget: tokens a prompt may use.
         force: at the hard cap: satisfy the gain rule by the fitting policy instead of refusing.
+        preceding_answer: the assistant's text of the turn folded just before these (what a first folded
+            turn that accepts an answer points at; "" when not known).
 
     Raises:
         InvalidCompactionOutput: ``ungrounded`` (the gist names facts found nowhere) or
@@ -208,15 +211,22 @@ def compose(state: ThreadState, plan: CompactionPlan, answer: CompactionAnswer |
                                             any(asks(t) for t in group_turns(plan.folded))):
         about = None
     new_lines: list[RecordLine] = [about] if about is not None and _line_key(about) not in seen else []
-    for turn in group_turns(plan.folded):
-        lines = [line for line in statement_lines(turn, known) if _line_key(line) not in seen]
+    turns = group_turns(plan.folded)
+    numbers = number_turns(turns, state.folded_turns)
+    previous = preceding_answer
+    for turn, number in zip(turns, numbers):
+        lines = [line for line in statement_lines(turn, known, number=number, previous_answer=previous)
+                 if _line_key(line) not in seen]
         if not lines and answer is None:  # without the model's gist, say at least what was asked
-            asked = asked_line(turn)
+            asked = asked_line(turn, number)
             lines = [asked] if asked is not None and _line_key(asked) not in seen else []
         seen.update(_line_key(line) for line in lines)  # a statement repeated word for word is kept once
         new_lines.extend(lines)
         known.extend(facts_of(line.text for line in lines))
-    record = Record(old.first_turn or 1, old.last_turn + plan.folded_turns, old.lines + tuple(new_lines))
+        previous = "\n".join(m.text for m in turn if m.role == "assistant")
+    last_turn = numbers[-1] if numbers else state.folded_turns
+    first_turn = old.first_turn if old.lines else (numbers[0] if numbers else 1)
+    record = Record(first_turn or 1, max(last_turn, old.last_turn), mark_replaced(old.lines + tuple(new_lines)))
 
     merged = merge_notes(state.notes, answer.pinnedDecisions if answer is not None else (), plan.folded,
                          pins=pins, max_count=limits.notes_max, max_chars=limits.note_max_chars,
@@ -244,8 +254,10 @@ def compose(state: ThreadState, plan: CompactionPlan, answer: CompactionAnswer |
             after_memory = memory_cost(fitted.render(), merged.notes, pins, counter)
 
     summary = fitted.render()
-    person_texts = [sentence for m in plan.folded if m.role == "user" for sentence in statement_sentences(m.text)]
-    answer_lines = [line.text for line in new_lines if line.kind == ASSISTANT]
+    # What the fold added is guarded (the record keeps it, or the policy reports letting it go); which of
+    # the person's sentences enter the record is decided by their form (``record.statement_sentences``).
+    person_texts = [line.text for line in new_lines if line.kind == PERSON]
+    answer_lines = [line.text for line in new_lines if line.kind in (ASSISTANT, TOLD)]
     guarded = facts_of([*old_texts, *state.notes, *person_texts, *answer_lines])
     checked = facts_of([*old_texts, *state.notes, *folded_texts])
     present = "\n".join([*(line.text for line in fitted.lines), *merged.notes, *pins])
@@ -272,5 +284,16 @@ def compose(state: ThreadState, plan: CompactionPlan, answer: CompactionAnswer |
         notes_refused=len(merged.refused),
         policy_steps=report.steps,
         unread_share=round(unread_share("\n".join(folded_texts)), 3),
-        room_tokens=max(int(allowed - after_memory), 0),
+        room_tokens=max(int(allowed - _without_asked_cost(fitted, new_lines, merged.notes, pins, counter,
+                                                          after_memory)), 0),
     )
+
+
+def _without_asked_cost(fitted: Record, new_lines: Sequence[RecordLine], notes, pins, counter: TokenCounter,
+                        cost: int) -> int:
+    """What memory costs without the ``Asked:`` lines this fold added (a model's gist stands in their place)."""
+    asked = {id(line) for line in new_lines if line.kind == ASKED}
+    if not asked:
+        return cost
+    lines = tuple(line for line in fitted.lines if id(line) not in asked) + (RecordLine(ABOUT, ""),)
+    return memory_cost(Record(fitted.first_turn, fitted.last_turn, lines).render(), notes, pins, counter)

@@ -55,8 +55,9 @@ def normalize_pin(text: str) -> str:
     return value.strip(" .;:!\"'“”‘’。！；：")
 
 
-def _units(text: str) -> set[str]:
-    """Content words (Latin, lower case, not stop words) and pairs of adjacent Chinese characters."""
+def content_units(text: str) -> set[str]:
+    """Content words (Latin, lower case, three letters or more, not stop words) and pairs of adjacent
+    Chinese characters of ``text``: what grounding and reference counts compare."""
     lowered = unicodedata.normalize("NFKC", text).casefold()
     units = {w for w in _WORD_RE.findall(lowered) if w not in _STOPWORDS}
     for run in re.findall(r"[\u3400-\u9fff]+", lowered):
@@ -66,10 +67,10 @@ def _units(text: str) -> set[str]:
 
 def grounding(text: str, sources: Sequence[str]) -> float:
     """Largest share (0.0-1.0) of ``text``'s content units found in one of ``sources``."""
-    units = _units(text)
+    units = content_units(text)
     if not units:
         return 0.0
-    return max((len(units & _units(s)) / len(units) for s in sources), default=0.0)
+    return max((len(units & content_units(s)) / len(units) for s in sources), default=0.0)
 
 
 def note_problem(text: str, folded: Sequence[ThreadMessage], existing: Sequence[str]) -> str | None:

@@ -3,37 +3,59 @@
 A stored summary reads::
 
     Statements kept from earlier turns:
-    - About: The person introduced themselves and reported an outage.
-    - Person: Hi, my name is Lin Wei.
-    - Person: incident ticket INC-4471, the outage started on 14 March 2025 at 09:20 UTC
-    - Assistant: Redis listens on port 6379 by default.
-    (turns 1–8 of this conversation)
+    - About: The person introduced themselves and planned a dinner.
+    - Person (turn 1): Hi, my name is Lin Wei.
+    - Person (turn 2) [replaced by turn 5]: The dinner is on Friday.
+    - Assistant (turn 3): Redis listens on port 6379 by default.
+    - Told (turn 4): How about calling it "Lumen"?
+    - Person (turn 4): Ok, let's use that name.
+    - Person (turn 5): Actually, the dinner moved to next Tuesday.
+    (turns 1–5 of this conversation)
 
-Each compaction **appends** the lines of the turns it folds (``statement_lines``:
-the person's sentences that carry a fact or state a decision or preference, word
-for word (not questions that give no id, number or date); for a turn in which the
-person asked something, the one answer sentence that adds the most facts the person
-did not give; and, when the model wrote one, a short ``About:`` line, else an ``Asked:``
-line with the opening words of each message that carried nothing else) and
-rewrites only the footer's turn range, so a compaction writes what the folded
+Every line carries the number of the turn it comes from (the N-th person turn of the
+thread, counted across compactions; docs/contract.md: Model context for a turn), so the
+model reads the order of what was said and a later statement replaces an earlier one.
+
+Each compaction **appends** the lines of the turns it folds (``statement_lines``):
+
+- every sentence of the person's, word for word, unless its *form* says it carries
+  nothing to keep: a question or request for an answer, a greeting, thanks, an
+  acknowledgement, or an instruction about the current reply only (``forms``; no list
+  of fact words decides it); a question that opens with a statement clause keeps that
+  clause;
+- when the person accepts or points at something the assistant said ("ok, let's use
+  that name", "go with the second option", ``就用这个``), the sentence of that answer
+  holding what was accepted, as a ``Told`` line before the person's (``told_line``);
+- for a turn in which the person asked something, the one answer sentence that adds
+  the most facts the person did not give (``Assistant``);
+- when the model wrote one, a short ``About:`` line, else an ``Asked:`` line with the
+  opening words of each message that left no other line;
+
+and rewrites only the footer's turn range, so a compaction writes what the folded
 turns add and never re-words what memory already holds, and a record that grew keeps
 its beginning: a model server that caches the prompt's prefix (llama.cpp does) does
-not read the whole record again after every compaction.
+not read the whole record again after every compaction.  A person's line that corrects
+an earlier one ("moved to", "actually", ``改到``, ``更正``) marks that one
+``[replaced by turn N]`` when both share the subject's content words
+(``mark_replaced``; never otherwise).
 
 When the record would pass its limits (characters and tokens), ``fit_record``
 makes room by a fixed policy, oldest and least referenced first, down to
 ``FIT_SHARE`` of the limits so that the next few compactions append again without
-dropping anything, and reports every fact it had to let go:
+dropping anything, and reports every line and fact it had to let go:
 
 1. ``Asked:`` and ``About:`` lines, oldest first;
-2. long lines are cut to the clauses that carry their facts;
-3. lines whose facts all appear in another line (and that decide nothing);
-4. ``Assistant:`` lines, least referenced first, then oldest;
-5. lines of an earlier free-text summary, oldest first;
-6. ``Person:`` lines, least referenced first, then oldest.
+2. lines a later line replaced, oldest first;
+3. long lines are cut to ``SHORT_LINE_CHARS`` (the clauses that carry their facts first);
+4. lines whose facts all appear in another line (and that decide nothing);
+5. ``Assistant:`` and ``Told:`` lines, least referenced first, then oldest;
+6. lines of an earlier free-text summary, oldest first;
+7. ``Person:`` lines, least referenced first, then oldest.
 
-"Referenced" counts how often a line's facts appear in the rest of memory (other
-lines, notes, pins and the turns kept verbatim).
+"Referenced" counts how many of a line's retrieval tokens (``app.memory.recall.tokenize``: words,
+identifiers and numbers, Chinese words) appear in the rest of memory (other lines, notes, pins and the turns kept verbatim).  Every folded turn
+stays in the thread's archive (``app.store.archive``) whatever the record lets go, and is
+recalled from there when a new message asks for it (``app.memory.recall``).
 """
 
 from __future__ import annotations
@@ -43,12 +65,15 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Iterable, Sequence
 
+from app.memory.compaction import forms
 from app.memory.compaction.facts import CJK_RE, extract_facts, fact_present, states_decision
+from app.memory.compaction.notes import content_units
+from app.memory.recall import tokenize
 from app.memory.state import ThreadMessage
 from app.memory.tokens import TokenCounter
 
-ABOUT, ASKED, PERSON, ASSISTANT, TEXT = "about", "asked", "person", "assistant", "text"
-LABELS = {ABOUT: "About", ASKED: "Asked", PERSON: "Person", ASSISTANT: "Assistant"}
+ABOUT, ASKED, PERSON, ASSISTANT, TOLD, TEXT = "about", "asked", "person", "assistant", "told", "text"
+LABELS = {ABOUT: "About", ASKED: "Asked", PERSON: "Person", ASSISTANT: "Assistant", TOLD: "Told"}
 _KINDS = {label: kind for kind, label in LABELS.items()}
 HEADER = "Statements kept from earlier turns:"
 LEGACY_HEADERS = ("Earlier turns, kept as notes:",)
@@ -57,28 +82,28 @@ FOOTER = "(turns {first}–{last} of this conversation)"
 _FOOTER_RE = re.compile(r"^\(turns (\d+)[–-](\d+) of this conversation\)$")
 FIT_SHARE = 0.85
 """A record over its limits is cut down to this share of them (room for the next compactions' lines)."""
-_LINE_RE = re.compile(r"^- (About|Asked|Person|Assistant): (.*)$")
+_LINE_RE = re.compile(r"^- (About|Asked|Person|Assistant|Told)(?: \(turn (\d+)\))?(?: \[replaced by turn (\d+)\])?: (.*)$")
 ASKED_MAX_CHARS = 80
-"""Longest ``Asked:`` line (the opening of a person's message that carried no fact)."""
-LINE_MAX_CHARS = 240
-"""Longest line kept from one message; longer ones keep the clauses that carry facts."""
+"""Longest ``Asked:`` line (the opening of a person's message that carried no statement)."""
+LINE_MAX_CHARS = 400
+"""Longest line kept from one message; a longer sentence is cut at a word edge (the archive keeps it whole)."""
+JOIN_MAX_CHARS = 240
+"""Sentences of one message are joined into one line while the line stays this short."""
+TOLD_MAX_CHARS = 240
+"""Longest ``Told:`` line (the answer's sentence holding what the person accepted)."""
 SHORT_LINE_CHARS = 120
 """A line cut when the record needs room keeps at most about this many characters."""
 ASSISTANT_LINES_PER_TURN = 1
 """Sentences kept from the answer to a turn in which the person asked something (the one that adds the most
 facts the person did not give): a small model's answers restate or invent much, and the person's own words
-are what memory must keep.  The answer to a turn that only told something keeps no sentence."""
-_FIRST_PERSON_RE = re.compile(r"\b(?:i|i'm|i’m|i've|i'd|my|me|mine|we|we're|our|us)\b", re.I)
-_SMALL_TALK_RE = re.compile(r"^\W*(?:hi|hey|hello|thanks|thank you|wow|totally|great|congrats|congratulations|bye|"
-                            r"good (?:morning|night|evening|luck)|dear|cheers|aww|oh|haha|lol|yay|sure|ok|okay)\b",
-                            re.I)
-_REQUEST_RE = re.compile(
-    r"^\W*(?:(?:please|pls|now|ok|okay|so|and)[, ]+)*(?:(?:can|could|would|will) you (?:please )?)?"
-    r"(?:give|tell|explain|show|write|list|describe|compare|summari[sz]e|translate|define|suggest|recommend|"
-    r"find|generate|calculate|convert|draft|outline)\b"
-    r"|^\W*(?:请|帮我|给我|告诉我|解释|介绍|列出|推荐|翻译|写一|用一句话|用两句话|说说|讲讲)", re.I)
+are what memory must keep.  The answer to a turn that only told something keeps no sentence (except what the
+person accepted: ``told_line``)."""
+REPLACED_SHARE = 0.5
+"""A correction marks an earlier line replaced only when at least this share of the earlier line's content
+units (and at least one) are in the correction: both speak of the same subject."""
 _CLAUSE_SPLIT_RE = re.compile(r"(?<=[,;:，；：、])\s*")
 _MARKDOWN_RE = re.compile(r"^\s*(?:[-*•>]+|\d+[.)]|#+)\s+|\*\*|__")
+_ITEM_RE = re.compile(r"^\s*(?:[-*•]|\d+[.)、]|[一二三四五六七八九十]+[、.])\s*")
 _FENCED_CODE_RE = re.compile(r"```.*?(?:```|\Z)", re.S)
 
 
@@ -87,18 +112,26 @@ class RecordLine:
     """One statement of the record.
 
     Attributes:
-        kind: ``about`` (the model's gist of a fold), ``person``, ``assistant``, or ``text``
-            (a line of an earlier free-text summary).
+        kind: ``about`` (the model's gist of a fold), ``asked``, ``person``, ``assistant``, ``told``
+            (an answer's sentence the person accepted), or ``text`` (a line of an earlier free-text summary).
         text: the statement, one line, without its label.
+        turn: the number of the turn it comes from (0: not known, e.g. a line written before lines had numbers).
+        replaced_by: the number of the later turn whose line replaced this one (0: none).
     """
 
     kind: str
     text: str
+    turn: int = 0
+    replaced_by: int = 0
 
     def render(self) -> str:
-        """``- Person: ...``, ``- About: ...``, ``- Assistant: ...`` or ``- ...``."""
+        """``- Person (turn 3): ...``, ``- Person (turn 3) [replaced by turn 7]: ...``, ``- About: ...`` or ``- ...``."""
         label = LABELS.get(self.kind)
-        return f"- {label}: {self.text}" if label else f"- {self.text}"
+        if not label:
+            return f"- {self.text}"
+        number = f" (turn {self.turn})" if self.turn and self.kind != ABOUT else ""
+        replaced = f" [replaced by turn {self.replaced_by}]" if self.replaced_by else ""
+        return f"- {label}{number}{replaced}: {self.text}"
 
 
 @dataclass(frozen=True)
@@ -124,7 +157,7 @@ class Record:
 
 
 def parse_record(summary: str) -> Record:
-    """Read a stored summary back into a ``Record``.
+    """Read a stored summary back into a ``Record`` (lines with or without turn numbers).
 
     A summary written before records existed (free text) becomes ``text`` lines, one
     per sentence, covering turns 1 to 1.
@@ -144,7 +177,8 @@ def parse_record(summary: str) -> Record:
         labelled = _LINE_RE.match(line)
         if labelled:
             kind = _KINDS[labelled.group(1)]
-            parsed.append(RecordLine(kind, labelled.group(2).strip()))
+            parsed.append(RecordLine(kind, labelled.group(4).strip(), int(labelled.group(2) or 0),
+                                     int(labelled.group(3) or 0)))
         elif line.startswith("- "):
             parsed.append(RecordLine(TEXT, line[2:].strip()))
         else:
@@ -223,7 +257,7 @@ def _facts_in(text: str) -> list[str]:
     return extract_facts(text)
 
 
-def asked_line(turn: Sequence[ThreadMessage]) -> RecordLine | None:
+def asked_line(turn: Sequence[ThreadMessage], number: int = 0) -> RecordLine | None:
     """An ``Asked:`` line: the opening words of the person's message (for a turn that left no other line)."""
     person = next((m for m in turn if m.role == "user"), None)
     if person is None:
@@ -233,35 +267,49 @@ def asked_line(turn: Sequence[ThreadMessage]) -> RecordLine | None:
         cut = first[:ASKED_MAX_CHARS]
         space = cut.rfind(" ")
         first = (cut[:space] if space > ASKED_MAX_CHARS // 2 else cut).rstrip(" ,;:，；：") + "…"
-    return RecordLine(ASKED, first) if first else None
+    return RecordLine(ASKED, first, number) if first else None
 
 
-def statement_lines(turn: Sequence[ThreadMessage], known_facts: Iterable[str] = ()) -> list[RecordLine]:
+def _cut(sentence: str, max_chars: int) -> str:
+    """``sentence`` whole when it fits ``max_chars``, else its beginning cut at a word edge plus `` …``."""
+    if len(sentence) <= max_chars:
+        return sentence
+    at = _word_edge(sentence, max_chars - 2, -1)
+    return sentence[:at if at > max_chars // 2 else max_chars - 2].rstrip(" ,;:，；：、") + " …"
+
+
+def statement_lines(turn: Sequence[ThreadMessage], known_facts: Iterable[str] = (), *, number: int = 0,
+                    previous_answer: str = "") -> list[RecordLine]:
     """The record lines of one whole turn (see the module docstring).
 
     Args:
         turn: a user message and the assistant messages after it.
         known_facts: facts memory already holds; an answer's sentence is kept only when it
             adds facts that are neither there nor in the person's message.
+        number: the turn's number (0: not known).
+        previous_answer: the assistant's text in the turn before (what an accepting sentence points at;
+            "" when not known: the turn's own answer is read instead).
 
     Returns:
-        ``person`` lines (the person's sentences with a fact or a decision, joined into one
-        line while they fit ``LINE_MAX_CHARS``), then, when the person asked something or
-        stated nothing, up to ``ASSISTANT_LINES_PER_TURN`` ``assistant`` lines.
+        a ``told`` line when the person accepted something the assistant said; ``person`` lines (the
+        person's sentences kept by form, joined into one line while they fit ``JOIN_MAX_CHARS``); then,
+        when the person asked something or stated nothing, up to ``ASSISTANT_LINES_PER_TURN``
+        ``assistant`` lines.
     """
     lines: list[RecordLine] = []
     covered = set(known_facts)
+    answer_text = "\n".join(m.text for m in turn if m.role == "assistant")
     for message in turn:
         if message.role != "user":
             continue
-        pieces: list[str] = []
+        pieces = statement_sentences(message.text)
         for sentence in sentences(message.text):
-            facts = _facts_in(sentence)
-            covered.update(facts)  # what the person named, asked about or not, is nothing an answer adds
-            if _states_something(sentence, facts):
-                pieces.append(condense(sentence, facts, LINE_MAX_CHARS))
-        lines.extend(RecordLine(PERSON, text) for text in _join(pieces))
-    if lines and not asks(turn):
+            covered.update(_facts_in(sentence))  # what the person named is nothing an answer adds
+        told = told_line(message.text, previous_answer, answer_text, number)
+        if told is not None:
+            lines.append(told)
+        lines.extend(RecordLine(PERSON, text, number) for text in _join([_cut(p, LINE_MAX_CHARS) for p in pieces]))
+    if any(line.kind == PERSON for line in lines) and not asks(turn):
         # The person told something and asked nothing: the answer acknowledges or restates it, and a small
         # model restates with changes ("4月2日" came back as "March 2, 2025 at 9:20 UTC"). Their words stand.
         return lines
@@ -273,58 +321,111 @@ def statement_lines(turn: Sequence[ThreadMessage], known_facts: Iterable[str] = 
         for index, sentence in enumerate(sentences(plain)):
             new = [f for f in _facts_in(sentence) if f not in covered and not any(f in c for c in covered)]
             if new:
-                candidates.append((len(new), index, condense(sentence, new, LINE_MAX_CHARS // 2)))
+                candidates.append((len(new), index, condense(sentence, new, JOIN_MAX_CHARS // 2)))
     chosen = sorted(sorted(candidates, key=lambda c: (-c[0], c[1]))[:ASSISTANT_LINES_PER_TURN], key=lambda c: c[1])
-    lines.extend(RecordLine(ASSISTANT, text) for _, _, text in chosen)
+    lines.extend(RecordLine(ASSISTANT, text, number) for _, _, text in chosen)
     return lines
+
+
+def _answer_items(text: str) -> list[str]:
+    """An answer's items: its list items when it has a list, else its sentences."""
+    plain = _FENCED_CODE_RE.sub(" ", text)
+    items = [_ITEM_RE.sub("", line).strip() for line in plain.split("\n") if _ITEM_RE.match(line)]
+    items = [re.sub(r"\*\*|__", "", item) for item in items if item]
+    return items if len(items) >= 2 else sentences(plain)
+
+
+def _is_list(text: str) -> bool:
+    return sum(1 for line in text.split("\n") if _ITEM_RE.match(line)) >= 2
+
+
+def told_line(person_text: str, previous_answer: str, own_answer: str, number: int = 0) -> RecordLine | None:
+    """The answer's sentence holding what the person accepted, as a ``told`` line; None when the person's
+    message accepts nothing (``forms.accepts_answer``) or no answer is known.
+
+    The sentence is taken from ``previous_answer`` (what the person replies to), else from ``own_answer``:
+    the item the person points at by order ("the second option", ``第二个``: the answer's list item, or the
+    sentence that names that place, "The second one is …"), else the sentence sharing the
+    most content units with the person's message and the turn's own answer (which usually confirms what was
+    chosen), else the answer's first sentence.
+    """
+    accepting = [s for s in sentences(person_text) if forms.accepts_answer(s)]
+    if not accepting:
+        return None
+    source = previous_answer.strip() or own_answer.strip()
+    items = _answer_items(source) if source else []
+    if not items:
+        return None
+    ordinal = next((o for o in map(forms.ordinal_reference, accepting) if o is not None), None)
+    listed = items is not None and _is_list(source)
+    naming = [item for item in items if ordinal is not None and forms.names_ordinal(item, ordinal)]
+    if ordinal is not None and listed and -len(items) <= (ordinal - 1 if ordinal > 0 else ordinal) < len(items):
+        chosen = items[ordinal - 1 if ordinal > 0 else ordinal]
+    elif naming:
+        chosen = naming[0]
+    else:
+        wanted = content_units(person_text + "\n" + (own_answer if previous_answer.strip() else ""))
+        scored = [(len(content_units(item) & wanted), -index, item) for index, item in enumerate(items)]
+        best = max(scored)
+        chosen = best[2] if best[0] > 0 else next((i for i in items if re.search(r"[\"“「《'‘]", i)), items[0])
+    return RecordLine(TOLD, _cut(re.sub(r"\s+", " ", chosen).strip(), TOLD_MAX_CHARS), number)
 
 
 def asks(turn: Sequence[ThreadMessage]) -> bool:
     """True when the person asked or requested something in ``turn`` (a question or a request sentence)."""
-    return any(_is_question(sentence) for m in turn if m.role == "user" for sentence in sentences(m.text))
+    return any(forms.sentence_form(sentence) in (forms.QUESTION, forms.REQUEST)
+               for m in turn if m.role == "user" for sentence in sentences(m.text))
 
 
 def statement_sentences(text: str) -> list[str]:
-    """The sentences of a person's message that state something, as ``statement_lines`` keeps them: not
-    the greetings that only name someone (``"Hey Mel!"``), nor questions that give no id, number or date
-    (``"What is a Bloom filter?"``).  The fact guard reads these, so it never demands a name the record
-    deliberately left out."""
-    return [sentence for sentence in sentences(text) if _states_something(sentence, _facts_in(sentence))]
-
-
-def _states_something(sentence: str, facts: Sequence[str]) -> bool:
-    """True when a person's sentence is a statement the record keeps: it carries a fact or states a
-    decision or preference, and is neither a greeting that only names someone ("Thanks, Melanie!")
-    nor a question whose facts are only names or terms ("What is a Bloom filter?": asking names no
-    fact of the person's; "Is INC-4471 still open?" gives one)."""
-    if _is_question(sentence):
-        return any(ch.isdigit() for fact in facts for ch in fact)
-    if facts and _small_talk(sentence, facts):
-        return False
-    return bool(facts) or states_decision(sentence)
-
-
-def _small_talk(sentence: str, facts: Sequence[str]) -> bool:
-    """A short greeting, thanks or exclamation whose only facts are the names of who it is said to."""
-    return (len(sentence.split()) <= 6 and bool(_SMALL_TALK_RE.match(sentence))
-            and not _FIRST_PERSON_RE.search(sentence)  # "Hi, I'm Lin Wei." introduces someone
-            and all(f[:1].isupper() and not any(ch.isdigit() for ch in f) for f in facts))
-
-
-def _is_question(sentence: str) -> bool:
-    """A question or a request ("What is ...?", "Explain Redis persistence briefly.", "请解释…"): what
-    someone asks for is no statement of theirs, nor a preference."""
-    return sentence.rstrip().endswith(("?", "？")) or bool(_REQUEST_RE.match(sentence))
+    """The parts of a person's message the record keeps, in order: every sentence whose form is a statement
+    (``forms.sentence_form``), and the statement clauses of a question or request
+    (``forms.statement_clauses``).  The fact guard reads these, so it never demands what a greeting or a
+    question named (``"Hey Mel!"``, ``"What is a Bloom filter?"``)."""
+    kept: list[str] = []
+    for sentence in sentences(text):
+        form = forms.sentence_form(sentence)
+        if form == forms.STATEMENT:
+            kept.append(sentence)
+        elif form in (forms.QUESTION, forms.REQUEST):
+            kept.extend(forms.statement_clauses(sentence))
+    return kept
 
 
 def _join(pieces: list[str]) -> list[str]:
     joined: list[str] = []
     for piece in pieces:
-        if joined and len(joined[-1]) + 1 + len(piece) <= LINE_MAX_CHARS:
+        if joined and len(joined[-1]) + 1 + len(piece) <= JOIN_MAX_CHARS:
             joined[-1] = joined[-1] + " " + piece
         else:
             joined.append(piece)
     return joined
+
+
+def mark_replaced(lines: Sequence[RecordLine]) -> tuple[RecordLine, ...]:
+    """``lines`` with each earlier ``person`` or ``told`` line that a later correction replaced marked
+    ``replaced_by`` that correction's turn.
+
+    Grounded only: the later line corrects (``forms.corrects``: "moved to", "actually", ``改到``, ...), comes
+    from a later turn, and holds at least ``REPLACED_SHARE`` of the earlier line's words
+    (``app.memory.recall.tokenize``: content words, identifiers and numbers, Chinese words; and at least one); the earlier line keeps its text (the model reads both, in order).  Lines already marked stay
+    as they are.
+    """
+    out = list(lines)
+    for later_index, later in enumerate(out):
+        if later.kind != PERSON or not later.turn or not forms.corrects(later.text):
+            continue
+        later_units = set(tokenize(later.text))
+        for index in range(later_index):
+            earlier = out[index]
+            if earlier.kind not in (PERSON, TOLD) or earlier.replaced_by or not earlier.turn \
+                    or earlier.turn >= later.turn:
+                continue
+            units = set(tokenize(earlier.text))
+            shared = units & later_units
+            if shared and len(shared) >= REPLACED_SHARE * len(units):
+                out[index] = replace(earlier, replaced_by=later.turn)
+    return tuple(out)
 
 
 # ------------------------------------------------------------------------------------------ fitting
@@ -338,7 +439,7 @@ class FitReport:
         dropped_lines: how many lines were removed.
         shortened_lines: how many lines were cut to their facts.
         dropped_facts: facts that are in no remaining line any more (let go by the policy).
-        steps: the policy steps used, in order (``about``, ``shorten``, ``redundant``,
+        steps: the policy steps used, in order (``about``, ``replaced``, ``shorten``, ``redundant``,
             ``assistant``, ``text``, ``person``).
     """
 
@@ -382,9 +483,16 @@ def fit_record(record: Record, *, max_chars: int, max_tokens: int, counter: Toke
         return record, FitReport()
     max_chars, max_tokens = int(max_chars * FIT_SHARE), int(max_tokens * FIT_SHARE)  # room for what comes next
 
+    units = {id(line): set(tokenize(line.text)) for line in lines}
+    reference_units = set(tokenize(reference_text))
+
     def references(line: RecordLine) -> int:
-        others = "\n".join(o.text for o in lines if o is not line) + "\n" + reference_text
-        return sum(1 for f in _facts_in(line.text) if fact_present(f, others))
+        mine = units.get(id(line)) or set(tokenize(line.text))
+        others = set(reference_units)
+        for other in lines:
+            if other is not line:
+                others |= units.get(id(other)) or set(tokenize(other.text))
+        return len(mine & others)
 
     def drop_where(step: str, predicate, order=None) -> bool:
         nonlocal dropped
@@ -404,13 +512,15 @@ def fit_record(record: Record, *, max_chars: int, max_tokens: int, counter: Toke
 
     if drop_where("about", lambda line: line.kind in (ABOUT, ASKED)):
         return _done(record, lines, dropped, shortened, steps, original_facts)
+    if drop_where("replaced", lambda line: bool(line.replaced_by)):
+        return _done(record, lines, dropped, shortened, steps, original_facts)
     for i, line in enumerate(lines):
         if fits():
             break
         if len(line.text) > SHORT_LINE_CHARS:
             short = condense(line.text, _facts_in(line.text), SHORT_LINE_CHARS)
             if short != line.text:
-                lines[i] = RecordLine(line.kind, short)
+                lines[i] = replace(line, text=short)
                 shortened += 1
                 if "shorten" not in steps:
                     steps.append("shorten")
@@ -427,10 +537,10 @@ def fit_record(record: Record, *, max_chars: int, max_tokens: int, counter: Toke
     age = {id(line): index for index, line in enumerate(lines)}
     for step, kind, order in (
             ("redundant", None, None),
-            ("assistant", ASSISTANT, lambda line: (references(line), age.get(id(line), 0))),
-            ("text", TEXT, None),
-            ("person", PERSON, lambda line: (references(line), age.get(id(line), 0)))):
-        predicate = redundant if kind is None else (lambda line, k=kind: line.kind == k)
+            ("assistant", (ASSISTANT, TOLD), lambda line: (references(line), age.get(id(line), 0))),
+            ("text", (TEXT,), None),
+            ("person", (PERSON,), lambda line: (references(line), age.get(id(line), 0)))):
+        predicate = redundant if kind is None else (lambda line, k=kind: line.kind in k)
         if drop_where(step, predicate, order):
             break
     return _done(record, lines, dropped, shortened, steps, original_facts)

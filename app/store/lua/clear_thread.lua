@@ -1,5 +1,6 @@
 -- Empty a thread atomically (docs/contract.md: HTTP, DELETE /api/chat/thread); works on a corrupt thread too.
--- KEYS[1] the thread hash; KEYS[2..] the thread's other keys (deleted).
+-- KEYS[1] the thread hash; KEYS[2..] the thread's other keys (deleted), the archive of folded turns included.
+-- The hash is rewritten whole, so `ft` (turns folded) and `ab` (archive bytes) start again.
 -- ARGV[1] ttl seconds.  Version and generation move on, so a compaction that read
 -- the old generation can never apply afterwards; the clear counter `clr` moves on too
 -- (it stays in the hash), so a turn that read the thread before cannot commit into it

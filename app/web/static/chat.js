@@ -12,6 +12,8 @@
  * GET    /api/chat/thread
  *   200 {"threadId": str,
  *        "messages": [{"id": str, "role": "user"|"assistant", "text": str, "createdAt": ISO-8601}],
+ *        "archived"?: [{"id", "role", "text", "createdAt"}], // folded turns the archive keeps, oldest
+ *                                             //   first (absent when none): shown dimmed, as summarized
  *        "summaryPreview"?: str,              // absent when the summary is empty
  *        "summary"?: str,                     // the whole summary (absent when empty)
  *        "pinnedDecisions": [str],            // the person's (objects with a "text" field are tolerated)
@@ -535,8 +537,10 @@
    * folded: the thread has a summary. Then what this page showed that memory no longer holds word for
    * word (a compaction folded it into the summary) stays, marked data-summarized="true", before a
    * divider; nothing the person saw disappears while the page is open.
+   * archived: the folded turns the thread's archive keeps (hydration's "archived"), shown the same way,
+   * so that after a reload the earlier conversation is still there, dimmed.
    */
-  function renderThread(messages, folded) {
+  function renderThread(messages, folded, archived) {
     const list = Array.isArray(messages) ? messages : [];
     const ids = new Set();
     const fresh = [];
@@ -568,6 +572,22 @@
       const confirmed = b.dataset.turn !== inFlight && botId && ids.has(botId);
       if (!confirmed) keep.push(b);
     }
+    const byId = new Map(summarized.map((b) => [b.dataset.messageId, b]));
+    const ordered = [];
+    for (const m of Array.isArray(archived) ? archived : []) {
+      if (!m || typeof m !== "object" || typeof m.text !== "string" || ids.has(str(m.id))) continue;
+      let b = byId.get(str(m.id));
+      if (b) byId.delete(str(m.id));
+      else {
+        b = makeBubble({ id: str(m.id), role: m.role, text: m.text, createdAt: str(m.createdAt) });
+        b.dataset.summarized = "true";
+        b.dataset.archived = "true";
+      }
+      ordered.push(b);
+    }
+    for (const b of summarized) if (byId.has(b.dataset.messageId)) ordered.push(b);
+    summarized.length = 0;
+    summarized.push(...ordered);
     for (const b of el.messages.querySelectorAll('[data-testid="message"], [data-testid="fold-divider"]')) b.remove();
     for (const b of summarized) el.messages.append(b);
     if (summarized.length) el.messages.append(foldDivider());
@@ -919,7 +939,7 @@
     const summary = str(d.summary) || str(d.summaryPreview);
     if (state.sawStart === null) state.sawStart = !summary; // a page opened on a summarized thread
     if (latestMessages && !state.turn) {
-      renderThread(d.messages, Boolean(summary));
+      renderThread(d.messages, Boolean(summary), d.archived);
       scrollToBottom(forceScroll);
     } else if (latest && Array.isArray(d.messages)) {
       state.serverIds = new Set(d.messages.map((m) => m && m.id));

@@ -1,0 +1,191 @@
+"""What the record keeps is decided by a sentence's form, never by its vocabulary (app/memory/compaction/forms.py).
+
+The sentences come from data nobody here wrote, read at test time from ``../shared/data``
+(LoCoMo, English; KdConv, Chinese; never copied into the repository): questions, session
+greetings and statements as the data has them, and the turns the data's own annotations
+point at (LoCoMo's QA evidence, KdConv's knowledge triples).  A few short hand-written
+sentences check the forms the data has too few of (requests, reply instructions).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+from app.memory.compaction import forms
+from app.memory.compaction.facts import extract_facts
+from app.memory.compaction.record import PERSON, TOLD, sentences, statement_lines, statement_sentences
+from app.memory.state import ThreadMessage
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"  # ../shared/data beside the checkout
+
+
+@lru_cache(maxsize=1)
+def locomo() -> list[dict]:
+    return json.loads((DATA / "locomo10.json").read_text())
+
+
+@lru_cache(maxsize=1)
+def kdconv() -> list[dict]:
+    return json.loads((DATA / "kdconv-sample.json").read_text())
+
+
+def locomo_sessions(conversation: dict) -> list[list[dict]]:
+    talk = conversation["conversation"]
+    keys = sorted((k for k in talk if re.fullmatch(r"session_\d+", k)), key=lambda k: int(k.split("_")[1]))
+    return [talk[k] for k in keys]
+
+
+@lru_cache(maxsize=1)
+def english_sentences() -> list[str]:
+    return [s for conv in locomo()[:3] for session in locomo_sessions(conv) for t in session
+            for s in sentences(t["text"])]
+
+
+@lru_cache(maxsize=1)
+def chinese_sentences() -> list[str]:
+    return [s for conv in kdconv() for m in conv["messages"] for s in sentences(m["message"])]
+
+
+def user(text: str, mid: str = "u1") -> ThreadMessage:
+    return ThreadMessage(mid, "user", text, "2026-01-01T00:00:00.000Z")
+
+
+def answer(text: str, mid: str = "a1") -> ThreadMessage:
+    return ThreadMessage(mid, "assistant", text, "2026-01-01T00:00:00.000Z")
+
+
+def test_the_data_is_there():
+    assert len(locomo()) == 10 and len(kdconv()) == 200
+    assert len(english_sentences()) > 3000 and len(chinese_sentences()) > 4000
+
+
+def _same_shape(fact: str, latin: str, chinese: str) -> str:
+    if re.search(r"[\u4e00-\u9fff]", fact):
+        return chinese
+    if fact[:1].isdigit():
+        return "7" if fact.isdigit() else "7 things"
+    return latin.capitalize() if fact[:1].isupper() else latin
+
+
+def swap_facts(sentence: str, latin: str, chinese: str) -> str:
+    """``sentence`` with every name, number, date and identifier the fact guard finds replaced by another
+    word of the same shape (a capitalised word for a name, a digit for a number)."""
+    for fact in sorted(extract_facts(sentence), key=len, reverse=True):
+        if not sentence.startswith(fact):  # a capitalised run that opens a sentence holds its first word
+            sentence = sentence.replace(fact, _same_shape(fact, latin, chinese))
+    return sentence
+
+
+@pytest.mark.parametrize("latin, chinese", [("blick", "东西"), ("vorpal", "那里")])
+def test_a_sentences_fate_never_depends_on_its_names_numbers_or_dates(latin, chinese):
+    changed = 0
+    for sentence in english_sentences() + chinese_sentences():
+        other = swap_facts(sentence, latin, chinese)
+        changed += other != sentence
+        assert forms.sentence_form(other) == forms.sentence_form(sentence), (sentence, other)
+        assert bool(statement_sentences(other)) == bool(statement_sentences(sentence)), (sentence, other)
+    assert changed > 1500  # the swap touched many sentences of both languages
+
+
+def test_statements_without_any_fact_are_kept_word_for_word():
+    # what the old detectors could not see: sentences of the data in which the fact guard finds nothing
+    plain = [s for s in english_sentences() + chinese_sentences()
+             if not extract_facts(s) and forms.sentence_form(s) == forms.STATEMENT]
+    assert len(plain) > 1000
+    for sentence in plain[:400]:
+        lines = statement_lines((user(sentence),), number=7)
+        assert [(line.kind, line.text, line.turn) for line in lines] == [(PERSON, sentence, 7)], sentence
+
+
+def test_locomo_question_evidence_turns_keep_their_statements():
+    kept = total = 0
+    for conv in locomo():
+        turns = {t["dia_id"]: t for session in locomo_sessions(conv) for t in session}
+        for qa in conv["qa"]:
+            if qa.get("category") not in (1, 2, 3, 4):
+                continue
+            for dia in qa["evidence"]:
+                turn = turns.get(dia)
+                if turn is None:
+                    continue
+                total += 1
+                kept += bool(statement_sentences(turn["text"]))
+    assert total > 2000
+    assert kept / total >= 0.99  # the rest are turns that only ask ("Wow! Did you see that band?")
+
+
+def test_kdconv_knowledge_turns_keep_their_statements():
+    turns = [m["message"] for conv in kdconv() for m in conv["messages"] if m.get("attrs")]
+    kept = sum(bool(statement_sentences(t)) for t in turns)
+    assert len(turns) > 3000 and kept / len(turns) >= 0.94
+
+
+def test_questions_of_the_data_are_questions_in_both_languages():
+    english = [s for s in english_sentences() if s.endswith("?")]
+    chinese = [s for s in chinese_sentences() if s.endswith(("？", "?")) or re.search(r"吗[。]?$", s)]
+    assert len(english) > 400 and len(chinese) > 1000
+    assert {forms.sentence_form(s) for s in english} <= {forms.QUESTION, forms.STATEMENT}
+    assert sum(forms.sentence_form(s) == forms.QUESTION for s in english) / len(english) >= 0.98
+    assert all(forms.sentence_form(s) == forms.QUESTION for s in chinese)
+    # no question of the data enters the record whole (its statement clauses may)
+    for s in english + chinese:
+        assert s not in statement_sentences(s) or forms.accepts_answer(s), s
+
+
+def test_a_question_keeps_its_statement_clause():
+    kd = [s for s in chinese_sentences() if "，" in s and s.endswith("？")]
+    with_clause = [s for s in kd if forms.statement_clauses(s)]
+    assert len(with_clause) > 100
+    for s in with_clause[:200]:
+        for clause in forms.statement_clauses(s):
+            assert clause in s and forms.sentence_form(clause) == forms.STATEMENT
+    assert statement_sentences("I moved to Berlin last week, do you know a good cafe?") == [
+        "I moved to Berlin last week"]
+
+
+def test_session_openings_of_the_data_are_greetings():
+    openings = [sentences(session[0]["text"])[0] for conv in locomo() for session in locomo_sessions(conv)]
+    short = [s for s in openings if len(s.split()) <= 3 and not s.endswith("?")]
+    assert len(short) > 100
+    assert sum(forms.sentence_form(s) == forms.GREETING for s in short) / len(short) >= 0.95
+    assert statement_sentences("Hey Mel! I went to a support group yesterday.") == [
+        "I went to a support group yesterday."]  # a greeting beside a statement: the statement stays
+
+
+@pytest.mark.parametrize("sentence, form", [
+    ("Thanks!", forms.THANKS), ("Thank you so much, Gina.", forms.THANKS), ("谢谢你！", forms.THANKS),
+    ("Got it.", forms.ACKNOWLEDGEMENT), ("That's really cool.", forms.ACKNOWLEDGEMENT), ("好的。", forms.ACKNOWLEDGEMENT),
+    ("嗯嗯", forms.ACKNOWLEDGEMENT), ("你好！", forms.GREETING),
+    ("Explain how this works.", forms.REQUEST), ("Can you write it again", forms.REQUEST),
+    ("请介绍一下这个地方。", forms.REQUEST), ("Just acknowledge.", forms.INSTRUCTION),
+    ("One sentence please.", forms.INSTRUCTION), ("用一句话回答。", forms.INSTRUCTION),
+    ("No, the meeting is on Tuesday.", forms.STATEMENT), ("I prefer short answers.", forms.STATEMENT),
+    ("It was a great experience.", forms.STATEMENT), ("我对花生过敏。", forms.STATEMENT),
+])
+def test_forms_the_data_has_few_of(sentence, form):
+    assert forms.sentence_form(sentence) == form
+
+
+def test_what_the_person_accepted_is_kept_with_their_line():
+    proposal = "How about calling it “Lumen”? It is short and bright."
+    turn = (user("Ok, let's use that name.", "u2"), answer("Great, Lumen it is.", "a2"))
+    lines = statement_lines(turn, number=2, previous_answer=proposal)
+    assert [(line.kind, line.turn, line.text) for line in lines] == [
+        (TOLD, 2, "How about calling it “Lumen”?"), (PERSON, 2, "Ok, let's use that name.")]
+    listed = "Three options:\n1. Redis\n2. Postgres with a read replica\n3. SQLite"
+    lines = statement_lines((user("Go with the second option."), answer("Done.")), number=5, previous_answer=listed)
+    assert [(line.kind, line.text) for line in lines][0] == (TOLD, "Postgres with a read replica")
+    zh = "我想到两个名字。第一个是星河。第二个是晨光。"
+    lines = statement_lines((user("就用第二个吧。"), answer("好的。")), number=3, previous_answer=zh)
+    assert [(line.kind, line.text) for line in lines] == [(TOLD, "第二个是晨光。"), (PERSON, "就用第二个吧。")]
+    # without the answer before, the turn's own answer (which names what was chosen) is read
+    lines = statement_lines((user("就用这个。"), answer("好的，项目名定为晨光。")), number=4)
+    assert lines[0].kind == TOLD and "晨光" in lines[0].text
+    # a sentence that accepts nothing keeps no answer sentence
+    assert [line.kind for line in statement_lines((user("I went hiking."), answer("Nice!")), previous_answer=zh)] \
+        == [PERSON]
