@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 LOCAL_STAMP := $(VENV)/.installed-local
 
-.PHONY: run test install model bench replay clean
+.PHONY: run test test-fast install model bench replay clean
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,6 +28,10 @@ run: model
 
 test: model
 	$(BIN)/python -m pytest
+
+# The fast lane: no browser, no whole-process or bundled-model tests (tests/fixtures/lanes.py).
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow and not browser"
 
 bench: $(STAMP)
 	$(BIN)/python bench/hot_path.py

@@ -14,6 +14,7 @@ pytest_plugins = [
     "tests.fixtures.streamed_chat",
     "tests.fixtures.celery_worker",
     "tests.fixtures.redis_cluster",
+    "tests.fixtures.lanes",
 ]
 
 from app.settings import MemoryLimits, Settings  # noqa: E402

@@ -43,12 +43,13 @@ ROOT = Path(__file__).resolve().parent.parent
 MODEL_NAME = "qwen2.5-coder-0.5b-instruct"
 TASK = "workers.compact_thread"
 # The first turn is long enough that folding it leaves room for the model's gist under the gain rule (README: A
-# compaction): its small talk carries no fact, so the record keeps only the question and the answer's sentence.
-FIRST = ("I am planning a relaxed weekend away with a few friends and we keep going back and forth about where to go, "
-         "what to see and how much walking we can manage, so a simple starting point from you would help before we "
-         "settle anything else. the weather has been grey here for weeks, the trains were late again this morning "
-         "and the office kettle finally broke, so it has been that kind of week. What is the capital of France? "
-         "Answer in one short sentence.")
+# compaction): it only asks (questions, requests, an instruction for this reply), so the record keeps no statement
+# of it, only the question and the answer's sentence.
+FIRST = ("Could you help me plan a relaxed weekend away with a few friends and give some ideas about where to go and "
+         "what to see and how much walking is reasonable for a group that does not hike much? "
+         "Can you also tell me which season is best for a city trip in Europe and whether trains or flights are "
+         "usually easier between the big cities? Please keep all of that for later and start with something simple. "
+         "What is the capital of France? Answer in one short sentence.")
 SECOND = "Name one colour of the French flag, in one word."
 
 

@@ -29,7 +29,7 @@ import redis
 from app.memory.recall import ArchivedTurn, ArchiveIndex
 from app.memory.state import ThreadState
 from app.store.keys import ThreadKeys
-from app.store.thread_store import StoreUnavailable, ThreadStore
+from app.store.thread_store import CorruptState, StoreUnavailable, ThreadStore
 
 log = logging.getLogger(__name__)
 
@@ -112,11 +112,23 @@ def load_turn_memory(store: ThreadStore, thread_id: str) -> tuple[ThreadState, A
         if len(index) != int(count):  # the archive expired and came back, or a member was unreadable
             index = ArchiveIndex(cleared=state.cleared)
             index.add(_turns(store.redis.zrange(keys.archive, 0, -1)))
+    except UnicodeDecodeError:
+        corrupt = CorruptState("a field is not UTF-8")
+    except CorruptState as exc:
+        corrupt = exc
+    except redis.ResponseError as exc:
+        if "WRONGTYPE" not in str(exc):  # a pipeline's error says "Command # 1 (...) caused error: WRONGTYPE ..."
+            store._report_error("load")
+            raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from exc
+        corrupt = CorruptState("the state or archive key has the wrong type")
     except redis.RedisError as exc:
         store._report_error("load")
         raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from exc
-    _remember(thread_id, index)
-    return state, index
+    else:
+        _remember(thread_id, index)
+        return state, index
+    log.error("thread %s is corrupt: %s", thread_id[:13], corrupt)
+    raise corrupt
 
 
 def archived_turns(store: ThreadStore, thread_id: str, *, newest: int = HYDRATION_TURNS) -> list[ArchivedTurn]:
