@@ -250,6 +250,9 @@ class Settings(BaseSettings):
     redis_socket_timeout: float = Field(2.0, validation_alias="REDIS_SOCKET_TIMEOUT_SECONDS", gt=0)
     debug_log_content: bool = Field(False, validation_alias="MEMORY_DEBUG_LOG_CONTENT")
     bundled_model: bool = Field(False, validation_alias="BUNDLED_MODEL")
+    # After a compaction, prefill the chat server's prompt cache with the thread's new prompt prefix
+    # (README: The bundled model): auto = on with the bundled model, off with a remote provider.
+    prompt_warmup: Literal["auto", "on", "off"] = Field("auto", validation_alias="PROMPT_WARMUP")
     metrics_token: str | None = Field(None, validation_alias="METRICS_TOKEN", repr=False)
     # Offer the built-in tools to the chat model; a provider that rejects tools gets plain chat whatever this says.
     tools_enabled: bool = Field(True, validation_alias="TOOLS_ENABLED")
@@ -259,7 +262,7 @@ class Settings(BaseSettings):
         """Keyword arguments only: the environment is read by ``from_env`` and nowhere else."""
         return (init_settings,)
 
-    @field_validator("env", "compaction_strategy", mode="before")
+    @field_validator("env", "compaction_strategy", "prompt_warmup", mode="before")
     @classmethod
     def _lowercase(cls, value: Any) -> Any:
         return value.lower() if isinstance(value, str) else value
@@ -355,6 +358,12 @@ class Settings(BaseSettings):
         if self.ws_max_per_worker:
             return self.ws_max_per_worker
         return max(1, self.web_threads - max(2, self.web_threads // 4))
+
+    @property
+    def warms_prompts(self) -> bool:
+        """True when a compaction's new prompt prefix is sent to the chat server ahead of the next turn
+        (``PROMPT_WARMUP``: ``on``, or ``auto`` with the bundled model)."""
+        return self.prompt_warmup == "on" or (self.prompt_warmup == "auto" and self.bundled_model)
 
     @property
     def prompt_budget(self) -> int:

@@ -20,9 +20,13 @@ turn asks one of the same short questions, in the same order, so prompts are ali
    call.  When the compaction ends, more turns are seeded into the same thread (its summary grows, as in a
    long conversation) and it is requested again, until ``--turns`` turns counted.
 3. after a compaction: one session chats with the app's default memory settings until its thread compacts (a
-   turn beyond the recent window makes it due); once the socket hears ``memory`` ``succeeded``, the next turn of
-   the same session is measured (its prompt's prefix changed: a new record, one turn fewer), ``--after`` times.
-   The chat server's log says how many prompt tokens it read again and how many it reused from its slot.
+   turn beyond the recent window makes it due); once the socket hears ``memory`` ``succeeded`` and ``--think``
+   seconds more have passed (a person reading the answer and typing the next message), the next turn of the
+   same session is measured (its prompt's prefix changed: a new record, one turn fewer), ``--after`` times.
+   With the prompt warm-up on (``PROMPT_WARMUP``, ``auto``: on with the bundled model) the web process has
+   sent that new prefix to the chat server when it heard the compaction.  The chat server's log says how
+   many prompt tokens each measured turn read again and how many it reused from its slot, and what the
+   warm-up before it read.
 4. ``--shared`` (the baseline: the setup before, one server for both): phase 2 again with the proxy sending the
    compaction calls to the chat server.
 
@@ -402,7 +406,7 @@ def during_phase(system: System, seeder: Seeder, n: int, name: str, idle_p50: fl
 
 
 TIMING_RE = re.compile(r"task (\d+) \| prompt eval time = +[\d.]+ ms / +(\d+) tokens")
-EVAL_RE = re.compile(r"task (\d+) \| +eval time = +[\d.]+ ms / +(\d+) tokens \( *[\d.]+ ms per token, +([\d.]+) "
+EVAL_RE = re.compile(r"task (\d+) \| +eval time = +[\d.]+ ms / +(\d+) tokens \( *[\d.]+ ms per token, +([\d.]+|inf|-?nan) "
                      r"tokens per second\)")
 RELEASE_RE = re.compile(r"task (\d+) \| stop processing: n_tokens = (\d+)")
 
@@ -434,12 +438,17 @@ def task_stats(log: str) -> list[TaskStats]:
     return stats
 
 
-def after_phase(system: System, n: int, timeout: float = 1800.0) -> tuple[Phase, list[TaskStats]]:
-    """``n`` first turns after a compaction of the same session's thread (see the module docstring)."""
+def after_phase(system: System, n: int, think: float = 0.0,
+                timeout: float = 1800.0) -> tuple[Phase, list[TaskStats], list[TaskStats]]:
+    """``n`` first turns after a compaction of the same session's thread, each sent ``think`` seconds after the
+    socket heard the compaction (see the module docstring); returns the phase, the server's figures of each
+    measured turn and of the warm-ups (one-token tasks) it ran after the compaction and before that turn."""
     phase = Phase("first turn after a compaction")
     server = type("Server", (), {"url": system.url, "ws_url": f"ws://127.0.0.1:{system.web_port}/ws/chat"})
     client = ChatClient(server).connect(timeout=30)
     stats: list[TaskStats] = []
+    warmups: list[TaskStats] = []
+    tasks_before = 0
     deadline = time.monotonic() + timeout
     first_call = len(system.proxy.calls)
     compacted = False
@@ -463,7 +472,9 @@ def after_phase(system: System, n: int, timeout: float = 1800.0) -> tuple[Phase,
             if measured:
                 phase.turns.append(TurnTiming(sent, first or done, done, str(frame.get("status", frame["type"]))))
                 time.sleep(0.5)  # the server's log lines of that task
-                stats.append(task_stats(system.log("model-chat"))[-1])
+                tasks = task_stats(system.log("model-chat"))
+                stats.append(tasks[-1])
+                warmups.extend(t for t in tasks[tasks_before:-1] if t.output <= 1)
             compacted = False
             try:  # this turn may have made the thread due: then the socket hears its compaction start
                 heard = client.recv_until(lambda f: f["type"] == "memory", timeout=3)[-1]
@@ -473,10 +484,13 @@ def after_phase(system: System, n: int, timeout: float = 1800.0) -> tuple[Phase,
                 compacted = heard.get("status") == "succeeded"
             except (TimeoutError, websocket.WebSocketTimeoutException):
                 pass
+            if compacted:
+                tasks_before = len(task_stats(system.log("model-chat")))
+                time.sleep(think)
     finally:
         client.close()
     phase.calls = [c for c in system.proxy.calls[first_call:] if c.path.endswith("/chat/completions")]
-    return phase, stats
+    return phase, stats, warmups
 
 
 def cold_install() -> float:
@@ -522,6 +536,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shared", type=int, default=0, metavar="N",
                         help="also N turns of the single-server baseline (each waits for a whole compaction)")
     parser.add_argument("--cold-install", action="store_true", help="first time `make model` in a fresh clone")
+    parser.add_argument("--think", type=float, default=5.0,
+                        help="seconds between hearing a compaction and sending the next turn (phase 3)")
     parser.add_argument("--seed-turns", type=int, default=10, help="LoCoMo turns seeded before each compaction")
     parser.add_argument("--reserved-output-tokens", type=int, default=96,
                         help="RESERVED_OUTPUT_TOKENS of the app (the chat answers' length cap)")
@@ -544,7 +560,8 @@ def main(argv: list[str] | None = None) -> int:
     settings = model_server.server_settings("chat")
     print(f"local model: {local_model.MODEL_NAME}, {os.cpu_count()} CPUs (load average {load_average()}), "
           f"{settings['threads']} thread(s) per model server, llama.cpp server {model_server.server_version()}, "
-          f"chat n_cache_reuse {settings['n_cache_reuse']}", flush=True)
+          f"chat n_cache_reuse {settings['n_cache_reuse']}, PROMPT_WARMUP {os.environ.get('PROMPT_WARMUP') or 'auto'}"
+          f", think {args.think:.1f} s", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-local-model-") as tmp:
         system = System(Path(tmp), redis_url, args.reserved_output_tokens)
         try:
@@ -559,7 +576,7 @@ def main(argv: list[str] | None = None) -> int:
             idle_p50 = statistics.median(idle.latencies())
             split = during_phase(system, seeder, args.turns, "during a compaction (own server)", idle_p50)
             print(f"during first tokens: {', '.join(f'{t.latency:.2f}' for t in split.turns)} s", flush=True)
-            after, after_stats = after_phase(system, args.after)
+            after, after_stats, warmups = after_phase(system, args.after, args.think)
             print(f"after first tokens: {', '.join(f'{t.latency:.2f}' for t in after.turns)} s", flush=True)
             memory = {role: memory_mib(pid) for role, pid in pids.items()}
             phases = [split, after]
@@ -581,6 +598,9 @@ def main(argv: list[str] | None = None) -> int:
     for t in after_stats:
         print(f"first turn after a compaction: prompt {t.prompt_tokens} tokens, read again {t.evaluated}, "
               f"reused from the slot {t.reused}")
+    for t in warmups:
+        print(f"warm-up after a compaction: prompt {t.prompt_tokens} tokens, read {t.evaluated}, "
+              f"reused from the slot {t.reused}")
     for role, mem in memory.items():
         print(f"memory of the {role} model server: RSS {mem['Rss']:.0f} MiB, PSS {mem['Pss']:.0f} MiB "
               f"(file-backed {mem['Pss_File']:.0f}, anonymous {mem['Pss_Anon']:.0f})")
@@ -593,6 +613,7 @@ def main(argv: list[str] | None = None) -> int:
                           "after": after.latencies(), "ratio": ratio, "after_ratio": after_ratio,
                           "decode_tps": decode, "waited": split.waited, "memory": memory,
                           "after_stats": [t.__dict__ for t in after_stats],
+                          "warmups": [t.__dict__ for t in warmups], "think_s": args.think,
                           "calls": [c.__dict__ for p in phases for c in p.calls]}, indent=1))
     return 0 if ratio <= TARGET_DURING and after_ratio <= TARGET_AFTER and split.waited == 0 else 1
 

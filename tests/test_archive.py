@@ -190,4 +190,6 @@ def test_a_turn_over_the_socket_recalls_a_folded_turn_into_the_prompt(chat, fake
     prompt = fake_llm.last_request().messages
     [recalled] = [m["content"] for m in prompt if m["role"] == "system" and "<recalled>" in m["content"]]
     assert "- Person (turn 7): My sister Ana is allergic to peanuts, remember it." in recalled
-    assert [m["role"] for m in prompt].index("user") > [m["content"] for m in prompt].index(recalled)
+    # after the recent turn (the prompt's stable prefix), right before the new text
+    assert [m["content"] for m in prompt].index(recalled) == len(prompt) - 2
+    assert [m["role"] for m in prompt] == ["system", "system", "user", "assistant", "system", "user"]

@@ -101,21 +101,45 @@ def state_with(messages=(), summary="", folded=0) -> ThreadState:
     return ThreadState(tuple(messages), summary, folded_turns=folded)
 
 
-def test_the_prompt_carries_recall_between_the_pins_and_the_recent_turns_within_its_share():
+def test_the_prompt_carries_recall_after_the_recent_turns_before_the_input_within_its_share():
     index = index_of(archived(1, "Our budget for the offsite is 9000 euros."), archived(2, FILLER))
     recent = [msg("u3", "user", "Hello again"), msg("a3", "assistant", "Hi!")]
     ctx = assemble_context(state_with(recent, folded=2), "What was the offsite budget?", system_prompt="S",
                            counter=COUNTER, context_tokens=8192, reserved_output_tokens=1024, archive=index)
     origins = [m.origin for m in ctx.messages]
-    assert origins == ["system", "recall", "recent", "recent", "input"]
-    recalled = ctx.messages[1].content
+    assert origins == ["system", "recent", "recent", "recall", "input"]
+    recalled = ctx.messages[3].content
     assert "- Person (turn 1): Our budget for the offsite is 9000 euros." in recalled
-    assert ctx.sections["recall"] == ctx.messages[1].tokens <= 0.15 * ctx.budget
+    assert ctx.sections["recall"] == ctx.messages[3].tokens <= 0.15 * ctx.budget
+    # the prefix the next turn shares: everything before the excerpts and the input
+    assert [m.origin for m in ctx.prefix] == ["system", "recent", "recent"]
     assert ctx.prompt_tokens == sum(ctx.sections.values())
     off = assemble_context(state_with(recent, folded=2), "What was the offsite budget?", system_prompt="S",
                            counter=COUNTER, context_tokens=8192, reserved_output_tokens=1024, archive=index,
                            recall_share=0)
     assert [m.origin for m in off.messages] == ["system", "recent", "recent", "input"] and off.sections["recall"] == 0
+
+
+def test_the_next_prompt_starts_with_this_prompt_up_to_the_excerpts():
+    """The recalled excerpts change with every text: they follow the recent turns, so the next turn's prompt
+    begins with this turn's prompt minus its excerpts and input (what a server's prompt cache keeps)."""
+    index = index_of(archived(1, "Our budget for the offsite is 9000 euros."),
+                     archived(2, "The offsite venue is Hall 7 in Lyon."))
+    recent = [msg("u3", "user", "Hello again"), msg("a3", "assistant", "Hi!")]
+    first = assemble_context(ThreadState(tuple(recent), RECORD_HEADER + "- About: an offsite", folded_turns=2),
+                             "What was the offsite budget?", system_prompt="S", counter=COUNTER,
+                             context_tokens=8192, reserved_output_tokens=1024, archive=index)
+    assert [m.origin for m in first.messages] == ["system", "summary", "recent", "recent", "recall", "input"]
+    answered = (*recent, msg("u4", "user", "What was the offsite budget?"), msg("a4", "assistant", "9000 euros."))
+    second = assemble_context(ThreadState(answered, RECORD_HEADER + "- About: an offsite", folded_turns=2),
+                              "Where is the offsite venue?", system_prompt="S", counter=COUNTER,
+                              context_tokens=8192, reserved_output_tokens=1024, archive=index)
+    assert [m.origin for m in second.messages][-2:] == ["recall", "input"]
+    assert "Hall 7" in second.messages[-2].content and "Hall 7" not in first.messages[-2].content
+    shared = [m.to_openai() for m in first.prefix]
+    assert second.to_openai()[:len(shared) + 2] == shared + [
+        {"role": "user", "content": "What was the offsite budget?"}, {"role": "assistant", "content": "9000 euros."}]
+    assert [m.to_openai() for m in second.prefix] == second.to_openai()[:len(shared) + 2]
 
 
 def test_recall_never_costs_a_recent_turn():

@@ -18,7 +18,7 @@ from flask import Blueprint, current_app
 from flask_sock import Sock
 from simple_websocket import ConnectionClosed
 
-from app.chat.connection import FrameWriter
+from app.chat.connection import CompactionWarmup, FrameWriter, prompt_warmup
 from app.chat.events import EventHub
 from app.chat.frames import CancelFrame, FrameError, parse_frame
 from app.chat.turn import Turn
@@ -126,6 +126,9 @@ def _serve(ws, writer: FrameWriter) -> None:
     hub = event_hub()
     hub.register(thread_id, writer.send)
     turn: Turn | None = None
+    warmer = CompactionWarmup(svc, thread_id, prompt_warmup(settings), lambda: turn is not None and turn.active)
+    if settings.warms_prompts:
+        hub.register(thread_id, warmer)
     websocket_opened()
     now = time.monotonic()
     last_heard, renew_at = now, now + LEASE_SECONDS / 3
@@ -153,6 +156,7 @@ def _serve(ws, writer: FrameWriter) -> None:
     finally:
         websocket_closed()
         hub.unregister(thread_id, writer.send)
+        hub.unregister(thread_id, warmer)
         writer.closed = True
         if turn is not None:
             turn.abandon()

@@ -1,0 +1,71 @@
+"""Prompt warm-up: have the chat server read a prompt prefix before the turn that needs it (README: The bundled
+model; docs/contract.md: ``PROMPT_WARMUP``).
+
+A server that keeps the previous request's prompt cached (llama.cpp's ``cache_prompt``) reads again only what
+follows the part a new prompt shares with it.  After a compaction a thread's prompt changes near its start (a
+longer record, fewer recent turns), so its next turn would read almost all of it again; ``PromptWarmup.prefill``
+sends that new prefix ahead of time as one non-streaming request with ``max_tokens`` 1, whose answer is
+discarded.  One warm-up at a time per process: a second one asked for meanwhile is skipped (the server has one
+slot; the later would only queue behind the first).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import openai
+
+from app.llm.provider import make_openai_client
+from app.settings import Settings
+
+log = logging.getLogger(__name__)
+
+WARMUP_TIMEOUT_SECONDS = 20.0  # longest wait for the server to read a prefix (about 1,600 tokens at 80 tokens/s)
+
+
+class PromptWarmup:
+    """Sends prompt prefixes to the chat model (``CHAT_MODEL`` at ``OPENAI_BASE_URL``).
+
+    Args:
+        settings: the provider, the model and the connect timeout (seconds).
+        timeout: seconds to wait for one prefill's answer.
+    """
+
+    def __init__(self, settings: Settings, timeout: float = WARMUP_TIMEOUT_SECONDS):
+        self.settings = settings
+        self.timeout = timeout
+        self._client: openai.OpenAI | None = None
+        self._busy = threading.Lock()
+        self.sent = 0  # prefills answered, for tests and logs
+
+    @property
+    def client(self) -> openai.OpenAI:
+        if self._client is None:
+            self._client = make_openai_client(self.settings, read_timeout=self.timeout, max_retries=0)
+        return self._client
+
+    def prefill(self, messages: list[dict], *, label: str = "") -> bool:
+        """Ask the chat model for one token after ``messages`` (``[{"role", "content"}]``), in this thread.
+
+        Returns True when the server answered; False when another prefill was in flight (skipped) or the
+        request failed.  Never raises: failures are logged (category only, never the prompt's text).
+        """
+        if not messages or not self._busy.acquire(blocking=False):
+            return False
+        started = time.monotonic()
+        try:
+            self.client.chat.completions.create(
+                model=self.settings.chat_model, messages=[], stream=False, max_tokens=1, temperature=0,
+                timeout=openai.Timeout(self.timeout, connect=self.settings.llm_connect_timeout),
+                extra_body={"messages": messages})
+        except Exception as exc:  # a warm-up is an optimisation: nothing of it may reach a person
+            log.info("prompt warm-up %s failed after %.1f s: %s", label, time.monotonic() - started,
+                     type(exc).__name__)
+            return False
+        finally:
+            self._busy.release()
+        self.sent += 1
+        log.info("prompt warm-up %s: %d messages read in %.1f s", label, len(messages), time.monotonic() - started)
+        return True
