@@ -478,7 +478,7 @@ class System:
                    OPENAI_API_KEY="local", CHAT_MODEL=local_model.MODEL_NAME,
                    COMPACTION_MODEL=local_model.MODEL_NAME, BUNDLED_MODEL="1")
         env.setdefault("TOOLS_ENABLED", "0")  # the 0.5B model answers tool offers with JSON text (scripts/dev.py)
-        self.model_desc = (f"bundled local model {local_model.MODEL_NAME} (llama-cpp-python, one server for chat "
+        self.model_desc = (f"bundled local model {local_model.MODEL_NAME} (llama.cpp server from the xllamacpp wheel, one server for chat "
                            "and one for compaction)")
 
     def _spawn(self, name: str, argv: list[str], env: dict) -> subprocess.Popen:
