@@ -189,3 +189,12 @@ def test_what_the_person_accepted_is_kept_with_their_line():
     # a sentence that accepts nothing keeps no answer sentence
     assert [line.kind for line in statement_lines((user("I went hiking."), answer("Nice!")), previous_answer=zh)] \
         == [PERSON]
+
+
+def test_the_clauses_after_an_asking_clause_belong_to_its_question():
+    asked = ("Could you help me plan a relaxed weekend away with a few friends, with some ideas about where to go, "
+             "what to see and how much walking is reasonable?")
+    assert forms.statement_clauses(asked) == []
+    assert statement_sentences(asked) == []
+    told_then_asked = "We moved the dinner to Tuesday, can you remind me then, around six?"
+    assert forms.statement_clauses(told_then_asked) == ["We moved the dinner to Tuesday"]

@@ -226,8 +226,9 @@ def statement_clauses(sentence: str) -> list[str]:
     """The clauses of a question or request that are statements of their own, in order.
 
     "I moved to Berlin last week, do you know a good cafe?" gives ``["I moved to Berlin last week"]``;
-    a clause that asks, greets or acknowledges gives nothing; the last clause (the one that asks) never
-    counts.  ``[]`` for a sentence of one clause.
+    a clause that asks, greets or acknowledges gives nothing, and the clauses after the first one that
+    asks belong to its question ("Could you plan a trip, with some ideas about where to go?" gives
+    ``[]``); the last clause (the one that asks) never counts.  ``[]`` for a sentence of one clause.
     """
     clauses = [c.strip() for c in _CLAUSE_RE.split(sentence.strip()) if c and c.strip()]
     if len(clauses) < 2:
@@ -236,7 +237,7 @@ def statement_clauses(sentence: str) -> list[str]:
     for clause in clauses[:-1]:
         bare = clause.rstrip(",;，；").strip()
         if _ASK_START_RE.search(bare) or (_CJK_RE.search(bare) and (_ZH_ASKS_RE.search(bare) or is_question(bare))):
-            continue
+            break  # what follows continues this question
         if sentence_form(bare) == STATEMENT and _plain_len(bare) >= 3:
             kept.append(bare)
     return kept
