@@ -46,6 +46,7 @@ Usage::
     python bench/local_model.py --cold-install          # and time `make model` in a fresh clone first
     python bench/local_model.py --turns 8 --shared 3    # and 3 turns of the single-server baseline
     LOCAL_MODEL_THREADS=2 python bench/local_model.py   # another thread count for both servers
+    LOCAL_MODEL_BATCH_THREADS=1 LOCAL_COMPACTION_NICE=0 python bench/local_model.py   # the earlier thread setup
 
 Units: seconds (s) for latencies and durations, MiB for memory.  On a shared machine other processes skew the
 figures: the header prints the load average.
@@ -558,8 +559,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cold install: {install_s:.1f} s", flush=True)
     redis_url, store = configured_or_embedded()
     settings = model_server.server_settings("chat")
+    compaction = model_server.server_settings("compaction")
     print(f"local model: {local_model.MODEL_NAME}, {os.cpu_count()} CPUs (load average {load_average()}), "
-          f"{settings['threads']} thread(s) per model server, llama.cpp server {model_server.server_version()}, "
+          f"{settings['threads']} decoding thread(s) per model server, prompt reading {settings['batch_threads']} "
+          f"(chat) / {compaction['batch_threads']} (compaction), compaction server nice {compaction['nice']}, "
+          f"llama.cpp server {model_server.server_version()}, "
           f"chat n_cache_reuse {settings['n_cache_reuse']}, PROMPT_WARMUP {os.environ.get('PROMPT_WARMUP') or 'auto'}"
           f", think {args.think:.1f} s", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-local-model-") as tmp:

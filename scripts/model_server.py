@@ -25,8 +25,11 @@ Server settings (``server_params``), each for a reason:
   request; ``n_cache_reuse`` (``LOCAL_MODEL_CACHE_REUSE``, default 256 tokens) also reuses later runs of at least
   that many equal tokens, shifted in place, so a turn after a compaction need not read its unchanged recent turns
   again.  The compaction server has no chunk reuse (each compaction prompt is new);
-- ``n_ctx``: ``MODEL_CONTEXT_TOKENS`` (default 8192), the app's budget; threads: half the CPUs per server, both
-  for decoding and prompt processing (``LOCAL_MODEL_THREADS`` overrides);
+- ``n_ctx``: ``MODEL_CONTEXT_TOKENS`` (default 8192), the app's budget; threads: half the CPUs per server for
+  decoding (``LOCAL_MODEL_THREADS`` overrides); for reading a prompt, the compaction server uses the same number
+  and the chat server all the CPUs (``LOCAL_MODEL_BATCH_THREADS`` overrides): a turn's new prompt tokens (the
+  recalled excerpts, a changed record after a compaction) are read about 1.8x faster on 2 cores, and the
+  chat server reads prompts only between a person's messages;
 - the GGUF file's own chat template (Jinja), and llama.cpp's native ``response_format`` ``json_schema``.
 
 ``LOCAL_MODEL_SERVER_MODULE`` runs ``python -m <module> --port N ...`` instead of the child (tests use stand-ins).
@@ -59,6 +62,7 @@ import local_model  # noqa: E402  scripts/local_model.py, beside this script
 MODEL_NAME = local_model.MODEL_NAME
 DEFAULT_HOST = local_model.DEFAULT_HOST
 CONTEXT_TOKENS = 8192  # default window, tokens
+COMPACTION_NICE = 10  # the compaction server's niceness: a chat turn's threads come first (LOCAL_COMPACTION_NICE)
 CACHE_REUSE_TOKENS = 256  # chat server: smallest run of equal tokens reused by shifting (LOCAL_MODEL_CACHE_REUSE)
 MAX_CRASHES = 3  # crashes after a passed start check tolerated within CRASH_WINDOW (each restart is checked again)
 CRASH_WINDOW = 300.0  # seconds
@@ -69,6 +73,11 @@ HOSTED = "or use a hosted provider (set OPENAI_BASE_URL and/or OPENAI_API_KEY)"
 def default_threads() -> int:
     """CPU threads per server: half the CPUs, at least 1 (two servers share the machine)."""
     return max(1, (os.cpu_count() or 2) // 2)
+
+
+def default_batch_threads(role: str) -> int:
+    """Prompt-reading threads: all the CPUs for the chat server, ``default_threads()`` for compaction."""
+    return max(1, os.cpu_count() or 2) if role == "chat" else default_threads()
 
 
 def server_version() -> str:
@@ -83,7 +92,7 @@ def server_version() -> str:
 def server_settings(role: str, environ=os.environ) -> dict:
     """The settings of one server, plain values (what ``server_params`` sets and the child logs).
 
-    Keys: ``n_ctx`` (tokens), ``threads``, ``n_parallel`` (slots), ``cache_ram_mib`` (0: no RAM prompt cache),
+    Keys: ``n_ctx`` (tokens), ``threads`` (decoding), ``batch_threads`` (prompt reading), ``n_parallel`` (slots), ``cache_ram_mib`` (0: no RAM prompt cache),
     ``cache_idle_slots``, ``n_ctx_checkpoints``, ``cache_prompt``, ``n_cache_reuse`` (tokens; 0 off).
     """
     reuse = 0
@@ -91,6 +100,8 @@ def server_settings(role: str, environ=os.environ) -> dict:
         reuse = int(environ.get("LOCAL_MODEL_CACHE_REUSE") or CACHE_REUSE_TOKENS)
     return {"n_ctx": int(environ.get("MODEL_CONTEXT_TOKENS") or CONTEXT_TOKENS),
             "threads": int(environ.get("LOCAL_MODEL_THREADS") or default_threads()),
+            "batch_threads": int(environ.get("LOCAL_MODEL_BATCH_THREADS") or default_batch_threads(role)),
+            "nice": int(environ.get("LOCAL_COMPACTION_NICE") or COMPACTION_NICE) if role == "compaction" else 0,
             "n_parallel": 1, "cache_ram_mib": 0, "cache_idle_slots": False, "n_ctx_checkpoints": 0,
             "cache_prompt": True, "n_cache_reuse": reuse}
 
@@ -106,7 +117,7 @@ def server_params(model: Path, host: str, port: int, settings: dict):
     params.port = port
     params.n_ctx = settings["n_ctx"]
     params.cpuparams.n_threads = settings["threads"]
-    params.cpuparams_batch.n_threads = settings["threads"]
+    params.cpuparams_batch.n_threads = settings["batch_threads"]
     params.n_parallel = settings["n_parallel"]
     params.kv_unified = False
     params.cache_ram_mib = settings["cache_ram_mib"]
@@ -131,6 +142,8 @@ def child(argv: list[str]) -> int:
     import xllamacpp
 
     settings = server_settings(args.role)
+    if settings["nice"]:
+        os.nice(settings["nice"])
     print(f"local model: starting llama.cpp ({server_version()}) for {args.role}: "
           + ", ".join(f"{k}={v}" for k, v in settings.items()), flush=True)
     try:
