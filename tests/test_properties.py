@@ -11,7 +11,7 @@ import json
 import redis
 from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
 
-from app.memory.final_turn import FinalTurn, TurnRejected, prepare_final_turn
+from app.memory.final_turn import FinalTurn, TurnRejected
 from app.memory.schemas import stored_state_schema
 from app.memory.state import ThreadState
 from app.settings import MemoryLimits
@@ -56,12 +56,21 @@ def check_stored(client: redis.Redis, store: ThreadStore, thread_id: str, model:
     assert (loaded.summary, loaded.pins) == ("", ())
 
 
+WRITTEN_STATUSES = {None, "completed", "blocked", "final"}  # FinalTurn docstring: the others never are
+KNOWN_SOURCES = {"chat", "tool", "mcp-resource", "tasklist-agent", "delivery-chain"}
+VALID_IDS = {None, "c1", "c2", "m1", "m2", "m_3"}  # of IDS: letters, digits, "_"; "bad id" has a space
+
+
 def reference_accepts(turn: FinalTurn) -> bool:
-    try:
-        prepare_final_turn(turn)
-    except TurnRejected:
-        return False
-    return True
+    """The rule of ``FinalTurn``/``prepare_final_turn`` restated: a written status, a known source,
+    well-formed distinct ids, and two texts that are strings and not blank once trimmed."""
+    def good_text(value) -> bool:
+        return isinstance(value, str) and value.strip() != "" and not any(0xD800 <= ord(c) <= 0xDFFF for c in value)
+
+    ids_ok = (turn.user_id in VALID_IDS and turn.assistant_id in VALID_IDS
+              and (turn.user_id is None or turn.user_id != turn.assistant_id))
+    return (turn.status in WRITTEN_STATUSES and turn.source in KNOWN_SOURCES and ids_ok
+            and good_text(turn.user_text) and good_text(turn.assistant_text))
 
 
 @hsettings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
