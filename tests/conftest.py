@@ -15,6 +15,7 @@ pytest_plugins = [
     "tests.fixtures.celery_worker",
     "tests.fixtures.redis_cluster",
     "tests.fixtures.lanes",
+    "tests.fixtures.own_redis",
 ]
 
 from app.settings import MemoryLimits, Settings  # noqa: E402

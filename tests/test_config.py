@@ -19,7 +19,6 @@ import pytest
 
 from app.settings import ConfigError, Settings, mask_url
 from app.startup import celery_command
-from tests.fixtures.own_redis import silent_redis_url  # noqa: F401  (fixture)
 from tests.servers import free_port, port_open, stop, wait_http
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -205,7 +204,7 @@ def test_web_in_production_with_an_unreachable_store():
     assert time.monotonic() - started < 20
 
 
-def test_web_in_production_with_a_store_that_never_answers(silent_redis_url):  # noqa: F811
+def test_web_in_production_with_a_store_that_never_answers(silent_redis_url):
     url = silent_redis_url.replace("redis://", f"redis://user:{PASSWORD}@")
     started = time.monotonic()
     result = import_wsgi(production("", REDIS_URL=None, REDIS_TLS_URL=url, REDIS_SOCKET_TIMEOUT_SECONDS="1"))

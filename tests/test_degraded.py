@@ -9,7 +9,6 @@ import time
 import requests
 
 from tests.fixtures.live_app import ChatClient, answer_text
-from tests.fixtures.own_redis import own_redis, silent_redis_url  # noqa: F401  (fixtures)
 
 LEAKY = ("Error", "error 111", "refused", "Connection", "Timeout", "redis", "Redis", "127.0.0.1", "Traceback")
 
