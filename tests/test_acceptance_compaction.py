@@ -1,4 +1,4 @@
-"""Acceptance cases of the compaction family: P5-P8, B1, B2, B5, B10 (../shared/acceptance/cases.md).
+"""Acceptance cases of the compaction family: P5-P8, B1, B2, B5, B10.
 
 A real Celery worker (embedded, solo pool), the real Redis, the fake LLM over HTTP.
 """

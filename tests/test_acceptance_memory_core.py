@@ -1,4 +1,4 @@
-"""Every acceptance case marked [memory core] in shared/acceptance/cases.md, with its expected value.
+"""The memory-core acceptance cases, each with its expected value.
 
 P-cases come from the peer project's suite, B-cases from public bug reports.  Real Redis, the real app served
 on loopback and the fake OpenAI-compatible server; nothing of the store is mocked.

@@ -1,4 +1,4 @@
-"""Acceptance cases of the streamed chat (../shared/acceptance/cases.md): P17, P21, B4, B9.
+"""Acceptance cases of the streamed chat: P17, P21, B4, B9.
 
 Each test asserts the case's expected value, through the real app on loopback, real Redis and the fake
 model over real HTTP.

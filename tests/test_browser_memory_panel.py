@@ -1,4 +1,4 @@
-"""Issue 7 item 7 in a real browser: Debian's Chromium driven by Playwright against the live app.
+"""The memory panel in a real browser: Debian's Chromium driven by Playwright against the live app.
 
 The context meter and the token chart update after each turn, pin and unpin work in
 the memory panel, a thumbs-down is stored (read back from Redis), the inspector shows

@@ -1,4 +1,4 @@
-"""Configuration validated at start (issue 5 item 3): one clear line naming what to set, never a traceback.
+"""Configuration validated at start: one clear line naming what to set, never a traceback.
 
 The entry points are run for real as subprocesses, the way the Procfile runs
 them: ``python -c "import wsgi"`` (what gunicorn imports), ``celery -A

@@ -1,4 +1,4 @@
-"""Degrade, never break (issue 2 item 9): Redis down or silent, then back, without restarting the app."""
+"""Degrade, never break: Redis down or silent, then back, without restarting the app."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""End to end with the bundled local model (issue 5, Tests): ``scripts/dev.py`` as a newcomer runs it.
+"""End to end with the bundled local model: ``scripts/dev.py`` as a newcomer runs it.
 
 The launcher starts the development Procfile's processes as real subprocesses:
 the embedded Valkey store (data in a temporary folder), the bundled

@@ -1,4 +1,4 @@
-"""Issue 7 item 6: ``/metrics`` for Prometheus.
+"""``/metrics`` for Prometheus.
 
 The exposition is parsed with ``prometheus_client.parser.text_string_to_metric_families``
 and its counters must move with the actions taken: turns, feedback, pins, compactions

@@ -1,4 +1,4 @@
-"""Issue 7 item 5: feedback on assistant messages, stored with that turn's token accounting."""
+"""Feedback on assistant messages, stored with that turn's token accounting."""
 
 from __future__ import annotations
 

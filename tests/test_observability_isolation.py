@@ -1,4 +1,4 @@
-"""Issue 7: no endpoint of the issue returns another session's data or any forbidden key (contract: HTTP)."""
+"""No observability endpoint (stats, inspector, feedback, pins, metrics) returns another session's data or any forbidden key (contract: HTTP)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ SECRET_PIN = "Alice flies to Oslo on the 14th"
 
 
 def every_endpoint(client: ChatClient, foreign_message_ids: list[str]) -> list:
-    """Call each endpoint of issue 7 as ``client``; returns the responses."""
+    """Call each observability endpoint as ``client``; returns the responses."""
     base = client.server.url
     http = client.http
     responses = [

@@ -1,4 +1,4 @@
-"""Issue 7 items 1-3: ``GET /api/chat/stats``, ``GET /api/chat/inspector`` and the prompt's DEBUG logs.
+"""``GET /api/chat/stats``, ``GET /api/chat/inspector`` and the prompt's DEBUG logs.
 
 Real components: the app served on loopback, the test Redis, the fake model over
 HTTP.  Token counts are checked against the prompt the fake model received,

@@ -1,4 +1,4 @@
-"""Issue 7 item 4: pins by the person (``POST /api/chat/pins``, ``DELETE /api/chat/pins/<n>``).
+"""Pins by the person (``POST /api/chat/pins``, ``DELETE /api/chat/pins/<n>``).
 
 Real components: the test Redis; Flask's test client for plain HTTP; the app on
 loopback and the fake model over HTTP where a turn runs and, for the compaction

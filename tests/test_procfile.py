@@ -1,4 +1,4 @@
-"""The production ``Procfile``, run for real the way a Heroku-style platform runs it (issue 5 item 3).
+"""The production ``Procfile``, run for real the way a Heroku-style platform runs it.
 
 Each process type's command line is read from ``Procfile`` and run with
 ``bash -c`` in a new process group, with a production environment (``APP_ENV=

@@ -1,4 +1,4 @@
-"""The replay (issue 5 item 5): a long generated conversation through the real system, and the replay's parts.
+"""The replay: a long generated conversation through the real system, and the replay's parts.
 
 The long replay uses real components only: the app served on loopback (websocket and
 HTTP API), a real Celery worker consuming the compaction queue of the real Redis

@@ -1,4 +1,4 @@
-"""``rediss://`` with a self-signed certificate works for redis-py and for Celery (issue 5 item 3).
+"""``rediss://`` with a self-signed certificate works for redis-py and for Celery.
 
 A real TLS-only Redis is started with a certificate made here by ``openssl``
 (self-signed, so a verifying client is refused) and a password.  The server

@@ -1,6 +1,6 @@
 """``/ws/chat`` turns end to end: the real app served on loopback, real Redis, the fake model over real HTTP.
 
-Covers issue 3 items 2-4: the frame sequence, what the model receives, commit-once, one turn in flight,
+Covers the frame sequence, what the model receives, commit-once, one turn in flight,
 two tabs of one session, and a store that fails at commit time.
 """
 

@@ -1,7 +1,7 @@
 """``/ws/chat`` framing and admission: bad frames, input limits, the Origin allow-list.
 
 Every bad frame gets one error frame with the contract's code and the connection stays usable; a
-cross-site page can never open the socket (issue 3 item 2).
+cross-site page can never open the socket.
 """
 
 from __future__ import annotations
