@@ -28,10 +28,11 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Iterable, Sequence
 
+from app.memory.text import CJK, CJK_RE
+
 # ------------------------------------------------------------------------------------------ scripts
 
-_CJK = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
-CJK_RE = re.compile(f"[{_CJK}]")
+_CJK = CJK
 _CJK_RUN_RE = re.compile(f"[{_CJK}0-9０-９A-Za-z%％.·]+")
 _FENCED_CODE_RE = re.compile(r"```.*?(?:```|\Z)", re.S)
 
