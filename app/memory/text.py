@@ -23,6 +23,8 @@ _GRAPHEME = regex.compile(r"\X")
 CJK = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
 # One Han character of ``CJK``.
 CJK_RE = regex.compile(f"[{CJK}]")
+# A fenced code block (three backticks to three backticks, or to the end of an unclosed block).
+FENCED_CODE_RE = regex.compile(r"```.*?(?:```|\Z)", regex.S)
 
 WORD_BREAKS = (" ",)
 # A sentence end first, then a line, a clause, a list item, a word.

@@ -23,9 +23,9 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Sequence
 
-from app.memory.compaction.facts import CJK_RE, extract_facts, fact_present, states_decision
+from app.memory.compaction.facts import extract_facts, fact_present, states_decision
 from app.memory.state import ThreadMessage
-from app.memory.text import CJK
+from app.memory.text import CJK, CJK_RE
 from app.memory.tokens import TokenCounter
 
 GROUNDING_SHARE = 0.6
