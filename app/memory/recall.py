@@ -34,6 +34,7 @@ from typing import Iterable, Sequence
 from rank_bm25 import BM25Plus
 
 from app.memory.state import ThreadMessage
+from app.memory.text import CJK
 from app.memory.tokens import TokenCounter
 
 RECALL_SHARE = 0.15
@@ -56,7 +57,7 @@ RECALL_HEADER = ("Recalled from earlier in this conversation (archived turns tha
                  "<recalled>\n")
 RECALL_FOOTER = "\n</recalled>"
 
-_CJK = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
+_CJK = CJK
 _TOKEN_RE = re.compile(
     rf"(?P<id>[0-9a-z]+(?:[-_./:#@][0-9a-z]+)+)"  # INC-4471, eu-west-2, v2.3.1, 14:30, a.b@c.d
     r"|(?P<zh>\d+(?:[年月日号点时分][0-9]*)+)"  # 2025年3月14日, 4月2日, 9点20分

@@ -17,6 +17,15 @@ import regex
 
 _GRAPHEME = regex.compile(r"\X")
 
+# The Chinese (Han) characters the memory domain reads, as a regex class body (no brackets): CJK Unified
+# Ideographs Extension A (U+3400-U+4DBF), CJK Unified Ideographs (U+4E00-U+9FFF) and CJK Compatibility
+# Ideographs (U+F900-U+FAFF).  The one definition: recall, the fact guard, forms and notes use it.
+CJK = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
+# One Han character of ``CJK``.
+CJK_RE = regex.compile(f"[{CJK}]")
+# A fenced code block (three backticks to three backticks, or to the end of an unclosed block).
+FENCED_CODE_RE = regex.compile(r"```.*?(?:```|\Z)", regex.S)
+
 WORD_BREAKS = (" ",)
 # A sentence end first, then a line, a clause, a list item, a word.
 SENTENCE_BREAKS = (". ", "\n", "; ", ", ", " ")

@@ -28,12 +28,12 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Iterable, Sequence
 
+from app.memory.text import CJK, CJK_RE, FENCED_CODE_RE
+
 # ------------------------------------------------------------------------------------------ scripts
 
-_CJK = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
-CJK_RE = re.compile(f"[{_CJK}]")
+_CJK = CJK
 _CJK_RUN_RE = re.compile(f"[{_CJK}0-9０-９A-Za-z%％.·]+")
-_FENCED_CODE_RE = re.compile(r"```.*?(?:```|\Z)", re.S)
 
 # ASCII-only boundaries: a Chinese character next to an identifier is a boundary.
 _A = r"(?<![A-Za-z0-9])"
@@ -281,7 +281,7 @@ def _chinese_person_name(word: str) -> bool:
 
 @lru_cache(maxsize=4096)
 def _extract(text: str) -> tuple[str, ...]:
-    plain = _FENCED_CODE_RE.sub(lambda m: " " * len(m.group(0)), text)
+    plain = FENCED_CODE_RE.sub(lambda m: " " * len(m.group(0)), text)
     spans = _latin(plain)
     if CJK_RE.search(plain):
         spans.extend(_chinese(plain))

@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import re
 
+from app.memory.text import CJK_RE
+
 STATEMENT = "statement"
 QUESTION = "question"
 REQUEST = "request"
@@ -48,7 +50,6 @@ SHORT_WORDS = 6
 SHORT_CJK = 8
 """… or, in Chinese, at most this many characters (punctuation not counted)."""
 
-_CJK_RE = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
 _WORD_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9'’-]*")
 _FIRST_PERSON_RE = re.compile(
     r"\b(?:i|i'm|i’m|im|i've|i’ve|i'd|i’d|i'll|i’ll|my|me|mine|myself|we|we're|we’re|we've|we'll|our|ours|us)\b",
@@ -134,13 +135,13 @@ _CORRECTION_ZH_RE = re.compile(r"改到|改成|改为|改在|改用|更正|纠�
 
 def _plain_len(sentence: str) -> int:
     """Words (Latin) or characters (Chinese) of ``sentence``, punctuation not counted."""
-    if _CJK_RE.search(sentence):
-        return len(_CJK_RE.findall(sentence)) + len(_WORD_RE.findall(_CJK_RE.sub(" ", sentence)))
+    if CJK_RE.search(sentence):
+        return len(CJK_RE.findall(sentence)) + len(_WORD_RE.findall(CJK_RE.sub(" ", sentence)))
     return len(_WORD_RE.findall(sentence))
 
 
 def _short(sentence: str) -> bool:
-    return _plain_len(sentence) <= (SHORT_CJK if _CJK_RE.search(sentence) else SHORT_WORDS)
+    return _plain_len(sentence) <= (SHORT_CJK if CJK_RE.search(sentence) else SHORT_WORDS)
 
 
 def _first_person(sentence: str) -> bool:
@@ -152,7 +153,7 @@ def is_question(sentence: str) -> bool:
     text = sentence.rstrip()
     if text.endswith(("?", "？")):
         return True
-    if _CJK_RE.search(text):
+    if CJK_RE.search(text):
         return bool(_ZH_QUESTION_END_RE.search(text) or (_ZH_ASKS_RE.search(text) and _ZH_ASK_END_RE.search(text)))
     return False
 
@@ -173,7 +174,7 @@ def sentence_form(sentence: str) -> str:
         return STATEMENT  # it points at what was told: kept, with the answer's sentence (record.told_line)
     if is_question(text):
         return QUESTION
-    cjk = bool(_CJK_RE.search(text))
+    cjk = bool(CJK_RE.search(text))
     if cjk:
         if _ZH_REQUEST_RE.search(text):
             return REQUEST
@@ -236,7 +237,7 @@ def statement_clauses(sentence: str) -> list[str]:
     kept = []
     for clause in clauses[:-1]:
         bare = clause.rstrip(",;，；").strip()
-        if _ASK_START_RE.search(bare) or (_CJK_RE.search(bare) and (_ZH_ASKS_RE.search(bare) or is_question(bare))):
+        if _ASK_START_RE.search(bare) or (CJK_RE.search(bare) and (_ZH_ASKS_RE.search(bare) or is_question(bare))):
             break  # what follows continues this question
         if sentence_form(bare) == STATEMENT and _plain_len(bare) >= 3:
             kept.append(bare)

@@ -23,8 +23,9 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Sequence
 
-from app.memory.compaction.facts import CJK_RE, extract_facts, fact_present, states_decision
+from app.memory.compaction.facts import extract_facts, fact_present, states_decision
 from app.memory.state import ThreadMessage
+from app.memory.text import CJK, CJK_RE
 from app.memory.tokens import TokenCounter
 
 GROUNDING_SHARE = 0.6
@@ -60,7 +61,7 @@ def content_units(text: str) -> set[str]:
     Chinese characters of ``text``: what grounding and reference counts compare."""
     lowered = unicodedata.normalize("NFKC", text).casefold()
     units = {w for w in _WORD_RE.findall(lowered) if w not in _STOPWORDS}
-    for run in re.findall(r"[\u3400-\u9fff]+", lowered):
+    for run in re.findall(f"[{CJK}]+", lowered):
         units.update(run[i:i + 2] for i in range(len(run) - 1))
     return units
 

@@ -66,10 +66,11 @@ from functools import lru_cache
 from typing import Iterable, Sequence
 
 from app.memory.compaction import forms
-from app.memory.compaction.facts import CJK_RE, extract_facts, fact_present, states_decision
+from app.memory.compaction.facts import extract_facts, fact_present, states_decision
 from app.memory.compaction.notes import content_units
 from app.memory.recall import tokenize
 from app.memory.state import ThreadMessage
+from app.memory.text import CJK_RE, FENCED_CODE_RE
 from app.memory.tokens import TokenCounter
 
 ABOUT, ASKED, PERSON, ASSISTANT, TOLD, TEXT = "about", "asked", "person", "assistant", "told", "text"
@@ -104,7 +105,6 @@ units (and at least one) are in the correction: both speak of the same subject."
 _CLAUSE_SPLIT_RE = re.compile(r"(?<=[,;:，；：、])\s*")
 _MARKDOWN_RE = re.compile(r"^\s*(?:[-*•>]+|\d+[.)]|#+)\s+|\*\*|__")
 _ITEM_RE = re.compile(r"^\s*(?:[-*•]|\d+[.)、]|[一二三四五六七八九十]+[、.])\s*")
-_FENCED_CODE_RE = re.compile(r"```.*?(?:```|\Z)", re.S)
 
 
 @dataclass(frozen=True)
@@ -317,7 +317,7 @@ def statement_lines(turn: Sequence[ThreadMessage], known_facts: Iterable[str] = 
     for message in turn:
         if message.role != "assistant":
             continue
-        plain = _FENCED_CODE_RE.sub(" ", message.text)
+        plain = FENCED_CODE_RE.sub(" ", message.text)
         for index, sentence in enumerate(sentences(plain)):
             new = [f for f in _facts_in(sentence) if f not in covered and not any(f in c for c in covered)]
             if new:
@@ -329,7 +329,7 @@ def statement_lines(turn: Sequence[ThreadMessage], known_facts: Iterable[str] = 
 
 def _answer_items(text: str) -> list[str]:
     """An answer's items: its list items when it has a list, else its sentences."""
-    plain = _FENCED_CODE_RE.sub(" ", text)
+    plain = FENCED_CODE_RE.sub(" ", text)
     items = [_ITEM_RE.sub("", line).strip() for line in plain.split("\n") if _ITEM_RE.match(line)]
     items = [re.sub(r"\*\*|__", "", item) for item in items if item]
     return items if len(items) >= 2 else sentences(plain)
