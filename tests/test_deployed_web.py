@@ -269,7 +269,8 @@ def test_every_write_refuses_a_foreign_origin_or_referer_and_clear_is_one_of_the
 
 def fill_to_maxmemory(client: redis.Redis) -> int:
     """Set ``maxmemory`` a little above what is used now and write until Redis refuses even a small write
-    (big values first, then smaller ones: a big command's own buffer counts while it runs); return keys written."""
+    (big values first, then smaller ones: a big command's own buffer counts while it runs), then set it to half
+    of what is used (``noeviction``: every write refused, reads and deletes served); return keys written."""
     used = int(client.info("memory")["used_memory"])
     client.config_set("maxmemory", str(used + 4 * 1024 * 1024))
     n = 0
@@ -281,6 +282,8 @@ def fill_to_maxmemory(client: redis.Redis) -> int:
                 break
             n += 1
             assert n < 100000, "Redis never refused a write"
+    # Then the limit below what is used: a client buffer freed after the last refusal must not let a write through.
+    client.config_set("maxmemory", str(int(client.info("memory")["used_memory"]) // 2))
     return n
 
 
