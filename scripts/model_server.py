@@ -92,7 +92,8 @@ def server_version() -> str:
 def server_settings(role: str, environ=os.environ) -> dict:
     """The settings of one server, plain values (what ``server_params`` sets and the child logs).
 
-    Keys: ``n_ctx`` (tokens), ``threads`` (decoding), ``batch_threads`` (prompt reading), ``n_parallel`` (slots), ``cache_ram_mib`` (0: no RAM prompt cache),
+    Keys: ``n_ctx`` (tokens), ``threads`` (decoding), ``batch_threads`` (prompt reading), ``nice`` (the
+    process's niceness, 0 for chat), ``n_parallel`` (slots), ``cache_ram_mib`` (0: no RAM prompt cache),
     ``cache_idle_slots``, ``n_ctx_checkpoints``, ``cache_prompt``, ``n_cache_reuse`` (tokens; 0 off).
     """
     reuse = 0
@@ -142,8 +143,6 @@ def child(argv: list[str]) -> int:
     import xllamacpp
 
     settings = server_settings(args.role)
-    if settings["nice"]:
-        os.nice(settings["nice"])
     print(f"local model: starting llama.cpp ({server_version()}) for {args.role}: "
           + ", ".join(f"{k}={v}" for k, v in settings.items()), flush=True)
     try:
@@ -164,12 +163,16 @@ def child(argv: list[str]) -> int:
 
 
 def child_argv(model: Path, host: str, port: int, role: str) -> list[str]:
-    """The command line of the server process (a stand-in's with ``LOCAL_MODEL_SERVER_MODULE``)."""
+    """The command line of the server process (a stand-in's with ``LOCAL_MODEL_SERVER_MODULE``), under
+    ``nice -n <niceness>`` when the role's ``server_settings`` gives one (the compaction server)."""
     rest = ["--model", str(model), "--host", host, "--port", str(port), "--role", role]
     module = os.environ.get("LOCAL_MODEL_SERVER_MODULE")
     if module:
-        return [sys.executable, "-m", module, *rest]
-    return [sys.executable, str(Path(__file__).resolve()), "child", *rest]
+        command = [sys.executable, "-m", module, *rest]
+    else:
+        command = [sys.executable, str(Path(__file__).resolve()), "child", *rest]
+    niceness = server_settings(role)["nice"]
+    return ["nice", "-n", str(niceness), *command] if niceness else command
 
 
 SIGNAL_TEXT = {

@@ -4,8 +4,17 @@ CPU, the compaction server with half and at a lower priority, so a chat turn's p
 from __future__ import annotations
 
 import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 
 from scripts import model_server
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_chat_reads_prompts_with_every_cpu_and_decodes_with_half():
@@ -28,3 +37,41 @@ def test_the_environment_overrides_threads_and_niceness():
     assert model_server.server_settings("chat", environ=env)["batch_threads"] == 1
     compaction = model_server.server_settings("compaction", environ=env)
     assert (compaction["threads"], compaction["batch_threads"], compaction["nice"]) == (3, 1, 0)
+
+
+def server_pids(supervisor: int) -> list[int]:
+    """The live processes whose parent is ``supervisor`` (from /proc)."""
+    pids = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == supervisor and fields[0] != "Z":
+            pids.append(int(entry))
+    return pids
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("role, niceness", [("compaction", 10), ("chat", 0)])
+def test_the_supervisor_starts_the_compaction_server_at_niceness_ten(tmp_path, role, niceness):
+    """``scripts/model_server.py`` run for real (with the stand-in server process, which the command line
+    reaches as the real child would): the server process it starts has the role's niceness."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LOCAL_MODEL", "LOCAL_COMPACTION", "STANDIN"))}
+    env.update({"LOCAL_MODEL_SERVER_MODULE": "tests.fixtures.standin_model_server", "STANDIN_MODE": "ok",
+                "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"})
+    with socket.socket() as sock:  # a free loopback port, closed so the server may bind it
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "scripts/model_server.py", "--role", role, "--port", str(port)],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert f"ready at http://127.0.0.1:{port}/v1 for {role}" in line, line
+        (server,) = server_pids(proc.pid)
+        assert os.getpriority(os.PRIO_PROCESS, server) == os.getpriority(os.PRIO_PROCESS, 0) + niceness
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+

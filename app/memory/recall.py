@@ -57,13 +57,12 @@ RECALL_HEADER = ("Recalled from earlier in this conversation (archived turns tha
                  "<recalled>\n")
 RECALL_FOOTER = "\n</recalled>"
 
-_CJK = CJK
 _TOKEN_RE = re.compile(
     rf"(?P<id>[0-9a-z]+(?:[-_./:#@][0-9a-z]+)+)"  # INC-4471, eu-west-2, v2.3.1, 14:30, a.b@c.d
     r"|(?P<zh>\d+(?:[年月日号点时分][0-9]*)+)"  # 2025年3月14日, 4月2日, 9点20分
     r"|(?P<num>\d+(?:[.,]\d+)*%?)"
     r"|(?P<word>[a-z]+(?:['’][a-z]+)*)"
-    rf"|(?P<cjk>[{_CJK}]+)")
+    rf"|(?P<cjk>[{CJK}]+)")
 _EN_FUNCTION = frozenset("""
 a an the and or but nor so yet if then than as of at by for from in into on onto to with without about over under
 up down out off again also too very just only even still ever not no is are was were be been being am do does did

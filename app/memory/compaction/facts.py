@@ -32,8 +32,7 @@ from app.memory.text import CJK, CJK_RE, FENCED_CODE_RE
 
 # ------------------------------------------------------------------------------------------ scripts
 
-_CJK = CJK
-_CJK_RUN_RE = re.compile(f"[{_CJK}0-9０-９A-Za-z%％.·]+")
+_CJK_RUN_RE = re.compile(f"[{CJK}0-9０-９A-Za-z%％.·]+")
 
 # ASCII-only boundaries: a Chinese character next to an identifier is a boundary.
 _A = r"(?<![A-Za-z0-9])"
@@ -52,7 +51,7 @@ or and plus minus
 """.split())
 _UPPER_UNITS = frozenset("GB MB TB KB PB GiB MiB TiB KiB Hz kHz MHz GHz kW MW USD EUR GBP CNY RMB JPY CHF".split())
 _LATIN_PATTERNS = [
-    re.compile(_A + r"https?://[^\s<>\"'`\u3000-\u303f\uff00-\uffef" + _CJK + r"]+"),   # URLs
+    re.compile(_A + r"https?://[^\s<>\"'`\u3000-\u303f\uff00-\uffef" + CJK + r"]+"),   # URLs
     re.compile(_A + r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+" + _Z, re.A),                     # e-mail addresses
     re.compile(_A + r"\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2})?(?:Z|[+-]\d{2}:?\d{2})?)?" + _Z),
     re.compile(_A + rf"{_MONTH}\.? \d{{1,2}}(?:st|nd|rd|th)?(?:,? \d{{4}})?" + _Z),   # March 15, 2024
@@ -112,7 +111,7 @@ _ZH_PATTERNS = [
                rf"(?:(?:\d{{1,2}}|[{_ZH_DIGIT}]{{1,3}})分|半|整)?"),                   # 9点20分, 下午三点
     re.compile(rf"(?:百分之[{_ZH_DIGIT}]+)"),                                            # 百分之五十
     re.compile(rf"{_ZH_NUM}(?:{_ZH_UNITS})"),                                         # 9000欧元, 68公斤
-    re.compile(rf"{_ZH_NUM}(?:个|台|位|名|件|套|张|条|本|间|辆|颗|只|家)[{_CJK}]{{1,3}}?"
+    re.compile(rf"{_ZH_NUM}(?:个|台|位|名|件|套|张|条|本|间|辆|颗|只|家)[{CJK}]{{1,3}}?"
                rf"(?=[，。；、！？,.;:：\s]|$)"),                                       # 3个副本, 两台服务器
 ]
 _ZH_PERSON_FLAGS = frozenset({"nr", "nrfg", "nrt"})
@@ -249,7 +248,7 @@ def _chinese(text: str) -> list[tuple[int, str]]:
             spans.append((match.start(), value))
     posseg = _posseg()
     dictionary = posseg.dt.word_tag_tab
-    for run in re.finditer(f"[^\\s]*[{_CJK}][^\\s]*", text):
+    for run in re.finditer(f"[^\\s]*[{CJK}][^\\s]*", text):
         offset = run.start()
         pairs = [(p.word, p.flag) for p in posseg.cut(run.group(0))]
         merged: list[tuple[str, str]] = []
