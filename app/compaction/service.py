@@ -197,7 +197,7 @@ def produce(services, prepared: Prepared, *, deadline: float | None = None,
     try:
         return _compose(services, prepared, domain.validate_answer(answer.data))
     except domain.InvalidCompactionOutput as exc:
-        if exc.kind == domain.PROBLEM_SHAPE:
+        if exc.kind == domain.AnswerProblem.SHAPE:
             raise
         log.info("compaction for %s: answer not accepted (%s); asking once more", short, exc.kind)
         feedback = exc.problems

@@ -26,7 +26,6 @@ from __future__ import annotations
 import logging
 import re
 import threading
-import unicodedata
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
@@ -34,7 +33,7 @@ from typing import Iterable, Sequence
 from rank_bm25 import BM25Plus
 
 from app.memory.state import ThreadMessage
-from app.memory.text import CJK
+from app.memory.text import CJK, compare_form, cut_at_word, fold
 from app.memory.tokens import TokenCounter
 
 RECALL_SHARE = 0.15
@@ -102,7 +101,7 @@ def tokenize(text: str) -> list[str]:
     >>> tokenize("Ticket INC-4471 moved to Tuesday, 14:30")
     ['ticket', 'inc-4471', 'moved', 'tuesday', '14:30']
     """
-    lowered = unicodedata.normalize("NFKC", text).casefold()
+    lowered = fold(text)
     out: list[str] = []
     for match in _TOKEN_RE.finditer(lowered):
         kind, value = match.lastgroup, match.group(0)
@@ -298,23 +297,15 @@ class Excerpt:
         return "\n".join(lines)
 
 
-def _norm(text: str) -> str:
-    return " ".join(unicodedata.normalize("NFKC", text).casefold().split())
-
-
 def _clip(text: str, max_chars: int) -> str:
-    text = " ".join(text.split())
-    if len(text) <= max_chars:
-        return text
-    cut = text[:max_chars]
-    space = cut.rfind(" ")
-    return (cut[:space] if space > max_chars // 2 else cut).rstrip(" ,;:，；：、") + " …"
+    """``text`` on one line, cut at a word to at most ``max_chars`` characters ending `` …`` when longer."""
+    return cut_at_word(" ".join(text.split()), max_chars, mark=" …", strip=" ,;:，；：、")
 
 
 def _left_over(text: str, held: str) -> str:
     """The parts of ``text`` (split at sentence ends and line breaks) that ``held`` does not hold word for word."""
     parts = [p.strip() for p in re.split(r"(?<=[.!?。！？])\s+|\n+", text) if p.strip()]
-    return " ".join(p for p in parts if _norm(p) not in held)
+    return " ".join(p for p in parts if compare_form(p) not in held)
 
 
 def _as_data(text: str) -> str:
@@ -349,7 +340,7 @@ def recall(index: ArchiveIndex | None, query: str, *, held: Iterable[str], max_t
     ranked = index.scores(tokenize(query))
     if not ranked:
         return []
-    held_text = _norm("\n".join(held))
+    held_text = compare_form("\n".join(held))
     chosen: list[Excerpt] = []
     for score, turn in ranked:
         if len(chosen) >= max_excerpts:

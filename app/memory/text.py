@@ -7,10 +7,14 @@ ends on a cluster boundary, so a cut text never ends in a dangling U+200D or a l
 * ``grapheme_prefix(text, max_chars)``: the longest prefix of whole clusters (characters = code points).
 * ``cut_at_word(text, max_chars, mark=..., breaks=...)``: a prefix cut back to a word (or sentence) break.
 * ``clip_to_tokens(text, max_tokens, count, mark=...)``: the longest prefix whose token count fits.
+
+And the forms text is compared in (one home for each): ``fold`` (NFKC, case-folded) and ``compare_form``
+(folded, white space collapsed); ``CJK``/``CJK_RE``, the Han characters the domain reads; ``FENCED_CODE_RE``.
 """
 
 from __future__ import annotations
 
+import unicodedata
 from typing import Callable
 
 import regex
@@ -29,6 +33,17 @@ FENCED_CODE_RE = regex.compile(r"```.*?(?:```|\Z)", regex.S)
 WORD_BREAKS = (" ",)
 # A sentence end first, then a line, a clause, a list item, a word.
 SENTENCE_BREAKS = (". ", "\n", "; ", ", ", " ")
+
+
+def fold(text: str) -> str:
+    """``text`` as comparisons read it: NFKC-normalised (full-width letters, digits and punctuation become
+    their ASCII forms, ligatures are split) and case-folded.  Same length or longer; never raises."""
+    return unicodedata.normalize("NFKC", text).casefold()
+
+
+def compare_form(text: str) -> str:
+    """``fold(text)`` with every run of white space (line breaks included) made one space, ends trimmed."""
+    return " ".join(fold(text).split())
 
 
 def grapheme_prefix(text: str, max_chars: int) -> str:

@@ -12,10 +12,9 @@ No Flask, Redis, Celery or openai here (``app.compaction`` does the I/O):
 - ``compose``: what is written, checked by the fact guard and the gain rule.
 """
 
-from app.memory.compaction.answer import (PROBLEM_GROWTH, PROBLEM_LIMIT, PROBLEM_SHAPE, PROBLEM_UNGROUNDED,
-                                          CompactionAnswer, InvalidCompactionOutput, validate_answer)
-from app.memory.compaction.compose import (STRATEGY_EXTRACTIVE, STRATEGY_LLM, CompactionResult, FactGuardFailure,
-                                           NoGain, compose, memory_cost, messages_cost)
+from app.memory.compaction.answer import AnswerProblem, CompactionAnswer, InvalidCompactionOutput, validate_answer
+from app.memory.compaction.compose import (CompactionResult, FactGuardFailure, NoGain, Strategy, compose, memory_cost,
+                                           messages_cost)
 from app.memory.compaction.facts import check_facts, extract_facts, fact_present, facts_of, states_decision
 from app.memory.compaction.notes import normalize_pin
 from app.memory.compaction.policy import (CompactionPlan, compaction_due, hard_cap_messages, notes_token_cap,
@@ -25,7 +24,7 @@ from app.memory.compaction.prompt import (MAX_OUTPUT_TOKENS, PromptTooLong, buil
 from app.memory.compaction.record import parse_record
 
 __all__ = [
-    "PROBLEM_GROWTH", "PROBLEM_LIMIT", "PROBLEM_SHAPE", "PROBLEM_UNGROUNDED", "STRATEGY_EXTRACTIVE", "STRATEGY_LLM",
+    "AnswerProblem", "Strategy",
     "MAX_OUTPUT_TOKENS", "CompactionAnswer", "CompactionPlan", "CompactionResult", "FactGuardFailure",
     "InvalidCompactionOutput", "NoGain", "PromptTooLong", "build_compaction_prompt",
     "check_facts", "compaction_due", "compose", "extract_facts", "fact_present", "facts_of",

@@ -14,6 +14,7 @@ copied from older memory).
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Any, Iterable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -21,10 +22,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from app.memory.compaction.facts import extract_facts, fact_present
 from app.memory.compaction.prompt import GIST_MAX_CHARS, NOTES_PER_COMPACTION
 
-PROBLEM_SHAPE = "shape"
-PROBLEM_LIMIT = "limit"
-PROBLEM_UNGROUNDED = "ungrounded"
-PROBLEM_GROWTH = "growth"
+class AnswerProblem(StrEnum):
+    """Why a compaction answer is not accepted (``InvalidCompactionOutput.kind``; logged, never stored)."""
+
+    SHAPE = "shape"
+    LIMIT = "limit"
+    UNGROUNDED = "ungrounded"
+    GROWTH = "growth"
 
 
 class InvalidCompactionOutput(ValueError):
@@ -39,7 +43,7 @@ class InvalidCompactionOutput(ValueError):
             attempt; never shown to people, never stored).
     """
 
-    def __init__(self, kind: str, problems: list[str]):
+    def __init__(self, kind: AnswerProblem, problems: list[str]):
         super().__init__("; ".join(problems))
         self.kind = kind
         self.problems = problems
@@ -69,7 +73,7 @@ def validate_answer(raw: Any) -> CompactionAnswer:
             types or an empty summary; ``limit`` when only lengths or counts are passed.
     """
     if not isinstance(raw, dict):
-        raise InvalidCompactionOutput(PROBLEM_SHAPE, ["the answer must be a JSON object"])
+        raise InvalidCompactionOutput(AnswerProblem.SHAPE, ["the answer must be a JSON object"])
     try:
         return CompactionAnswer.model_validate(raw)
     except ValidationError as exc:
@@ -81,7 +85,7 @@ def validate_answer(raw: Any) -> CompactionAnswer:
         if limit_only:
             problems.append(f"limits: summary at most {GIST_MAX_CHARS} characters; at most "
                             f"{NOTES_PER_COMPACTION} pinnedDecisions")
-        raise InvalidCompactionOutput(PROBLEM_LIMIT if limit_only else PROBLEM_SHAPE, problems) from None
+        raise InvalidCompactionOutput(AnswerProblem.LIMIT if limit_only else AnswerProblem.SHAPE, problems) from None
 
 
 def gist_problems(gist: str, sources: Iterable[str]) -> list[str]:

@@ -29,11 +29,11 @@ Every figure is in tokens (the model's tokenizer) or counts of facts.
 from __future__ import annotations
 
 import re
-import unicodedata
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Iterable, Sequence
 
-from app.memory.compaction.answer import PROBLEM_GROWTH, PROBLEM_UNGROUNDED, CompactionAnswer, \
+from app.memory.compaction.answer import AnswerProblem, CompactionAnswer, \
     InvalidCompactionOutput, gist_problems
 from app.memory.compaction.facts import extract_facts, fact_present, facts_of, unread_share
 from app.memory.compaction.notes import grounding, merge_notes, normalize_pin
@@ -42,15 +42,22 @@ from app.memory.compaction.record import ABOUT, ASKED, ASSISTANT, PERSON, TOLD, 
     fit_record, mark_replaced, parse_record, sentences, statement_lines
 from app.memory.context import format_pins, format_summary
 from app.memory.state import ThreadMessage, ThreadState, group_turns, number_turns
+from app.memory.text import fold
 from app.memory.tokens import TokenCounter
 
-STRATEGY_LLM = "llm"
 COPY_SHARE = 0.8
 """A gist with this share of its content words from one message the person wrote is a copy of it: no line."""
 TOLD_SHARE = 0.5
 """When the person only told things in the folded turns, a gist needs this share of its content words from
 what they said to be kept (else it retells the answers)."""
-STRATEGY_EXTRACTIVE = "extractive"
+
+
+class Strategy(StrEnum):
+    """How a compaction's summary line was made (``CompactionResult.strategy``; the history's ``reason``
+    of an applied compaction, docs/contract.md)."""
+
+    LLM = "llm"
+    EXTRACTIVE = "extractive"
 
 
 class NoGain(ValueError):
@@ -89,7 +96,7 @@ class CompactionResult:
 
     summary: str
     notes: tuple[str, ...]
-    strategy: str
+    strategy: Strategy
     tokens_before: int
     tokens_after: int
     folded_tokens: int
@@ -123,13 +130,13 @@ def _check_gist(gist: str, folded_texts: Sequence[str], person_said: Sequence[st
     """
     invented = gist_problems(gist, folded_texts)
     if invented:
-        raise InvalidCompactionOutput(PROBLEM_UNGROUNDED, [
+        raise InvalidCompactionOutput(AnswerProblem.UNGROUNDED, [
             "summary: these names, numbers or dates are not in the turns: " + "; ".join(invented[:12])
             + ". Use only what the turns say."])
     older, said = "\n".join(memory), "\n".join(person_said)
     echoed = [f for f in extract_facts(gist) if fact_present(f, older) and not fact_present(f, said)]
     if echoed:
-        raise InvalidCompactionOutput(PROBLEM_UNGROUNDED, [
+        raise InvalidCompactionOutput(AnswerProblem.UNGROUNDED, [
             "summary: these belong to earlier turns, not to these: " + "; ".join(echoed[:12])
             + ". Say only what these turns are about."])
 
@@ -146,7 +153,7 @@ def _gist_adds(gist: str, folded_texts: Sequence[str], person_said: Sequence[str
 
 
 def _plain(text: str) -> str:
-    return " ".join(re.sub(r"[^\w\s]", " ", unicodedata.normalize("NFKC", text).casefold()).split())
+    return " ".join(re.sub(r"[^\w\s]", " ", fold(text)).split())
 
 
 def _copies(gist: str, texts: Sequence[str]) -> bool:
@@ -242,7 +249,7 @@ def compose(state: ThreadState, plan: CompactionPlan, answer: CompactionAnswer |
     after_memory = memory_cost(fitted.render(), merged.notes, pins, counter)
     if after_memory > allowed:
         if answer is not None:
-            raise InvalidCompactionOutput(PROBLEM_GROWTH, [
+            raise InvalidCompactionOutput(AnswerProblem.GROWTH, [
                 f"memory would cost {after_memory} tokens, more than the {int(allowed)} allowed: write a much "
                 "shorter summary and fewer pinnedDecisions"])
         if not force:
@@ -270,7 +277,7 @@ def compose(state: ThreadState, plan: CompactionPlan, answer: CompactionAnswer |
     return CompactionResult(
         summary=summary,
         notes=merged.notes,
-        strategy=STRATEGY_LLM if answer is not None else STRATEGY_EXTRACTIVE,
+        strategy=Strategy.LLM if answer is not None else Strategy.EXTRACTIVE,
         tokens_before=before_memory + messages_cost(state.messages, counter),
         tokens_after=after_memory + messages_cost(plan.kept, counter),
         folded_tokens=folded_cost,

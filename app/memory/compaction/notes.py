@@ -19,13 +19,14 @@ oldest notes go first.
 from __future__ import annotations
 
 import re
-import unicodedata
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Sequence
 
 from app.memory.compaction.facts import extract_facts, fact_present, states_decision
 from app.memory.state import ThreadMessage
-from app.memory.text import CJK, CJK_RE
+from app.memory.compaction.forms import is_question
+from app.memory.text import CJK, CJK_RE, fold
 from app.memory.tokens import TokenCounter
 
 GROUNDING_SHARE = 0.6
@@ -39,18 +40,24 @@ after first even most other then there these think where which while would could
 person assistant decided decide decision prefer prefers preferred going
 """.split())
 
-PROBLEM_EMPTY = "empty"
-PROBLEM_QUESTION = "question"
-PROBLEM_BARE = "bare value"
-PROBLEM_NOT_DECISION = "not a decision"
-PROBLEM_UNGROUNDED = "not grounded"
-PROBLEM_NEW_FACT = "fact not in the person's words"
-PROBLEM_DUPLICATE = "duplicate"
+
+
+class NoteProblem(StrEnum):
+    """Why a proposed note is refused (``NotesMerge.refused``; only their count leaves the domain)."""
+
+    EMPTY = "empty"
+    TOO_LONG = "too long"
+    QUESTION = "question"
+    BARE = "bare value"
+    NOT_DECISION = "not a decision"
+    UNGROUNDED = "not grounded"
+    NEW_FACT = "fact not in the person's words"
+    DUPLICATE = "duplicate"
 
 
 def normalize_pin(text: str) -> str:
     """Compare form of a decision or note: NFKC, case-folded, spaces collapsed, list marks and end punctuation removed."""
-    value = unicodedata.normalize("NFKC", text).casefold()
+    value = fold(text)
     value = re.sub(r"^\s*(?:[-*•]|\d+[.)])\s+", "", value)
     value = re.sub(r"\s+", " ", value).strip()
     return value.strip(" .;:!\"'“”‘’。！；：")
@@ -59,7 +66,7 @@ def normalize_pin(text: str) -> str:
 def content_units(text: str) -> set[str]:
     """Content words (Latin, lower case, three letters or more, not stop words) and pairs of adjacent
     Chinese characters of ``text``: what grounding and reference counts compare."""
-    lowered = unicodedata.normalize("NFKC", text).casefold()
+    lowered = fold(text)
     units = {w for w in _WORD_RE.findall(lowered) if w not in _STOPWORDS}
     for run in re.findall(f"[{CJK}]+", lowered):
         units.update(run[i:i + 2] for i in range(len(run) - 1))
@@ -74,8 +81,8 @@ def grounding(text: str, sources: Sequence[str]) -> float:
     return max((len(units & content_units(s)) / len(units) for s in sources), default=0.0)
 
 
-def note_problem(text: str, folded: Sequence[ThreadMessage], existing: Sequence[str]) -> str | None:
-    """Why a proposed note is refused (one of the ``PROBLEM_*`` values), or None when it is kept.
+def note_problem(text: str, folded: Sequence[ThreadMessage], existing: Sequence[str]) -> NoteProblem | None:
+    """Why a proposed note is refused, or None when it is kept.
 
     Args:
         text: the proposed note, trimmed.
@@ -83,23 +90,23 @@ def note_problem(text: str, folded: Sequence[ThreadMessage], existing: Sequence[
         existing: the texts of the pins and notes memory already holds.
     """
     if not text.strip():
-        return PROBLEM_EMPTY
-    if text.rstrip().endswith(("?", "？")):
-        return PROBLEM_QUESTION
+        return NoteProblem.EMPTY
+    if is_question(text):
+        return NoteProblem.QUESTION
     cjk = len(CJK_RE.findall(text))
     if cjk < 4 and len(_WORD_RE.findall(text)) < 3:
-        return PROBLEM_BARE
+        return NoteProblem.BARE
     if not states_decision(text):
-        return PROBLEM_NOT_DECISION
+        return NoteProblem.NOT_DECISION
     person = [m.text for m in folded if m.role == "user"]
     if grounding(text, person) < GROUNDING_SHARE:
-        return PROBLEM_UNGROUNDED
+        return NoteProblem.UNGROUNDED
     said = "\n".join(person)
     if any(not fact_present(f, said) for f in extract_facts(text)):
-        return PROBLEM_NEW_FACT
+        return NoteProblem.NEW_FACT
     key = normalize_pin(text)
     if any(normalize_pin(e) == key for e in existing):
-        return PROBLEM_DUPLICATE
+        return NoteProblem.DUPLICATE
     return None
 
 
@@ -116,7 +123,7 @@ class NotesMerge:
 
     notes: tuple[str, ...]
     added: tuple[str, ...] = ()
-    refused: tuple[tuple[str, str], ...] = ()
+    refused: tuple[tuple[str, NoteProblem], ...] = ()
     dropped: tuple[str, ...] = ()
 
 
@@ -137,10 +144,10 @@ def merge_notes(old: Sequence[str], proposals: Sequence[str], folded: Sequence[T
     """
     notes = list(old)
     added: list[str] = []
-    refused: list[tuple[str, str]] = []
+    refused: list[tuple[str, NoteProblem]] = []
     for proposal in proposals:
         text = re.sub(r"\s+", " ", proposal).strip()
-        problem = "too long" if len(text) > max_chars else note_problem(text, folded, [*pins, *notes])
+        problem = NoteProblem.TOO_LONG if len(text) > max_chars else note_problem(text, folded, [*pins, *notes])
         if problem:
             refused.append((text, problem))
             continue

@@ -70,7 +70,7 @@ from app.memory.compaction.facts import extract_facts, fact_present, states_deci
 from app.memory.compaction.notes import content_units
 from app.memory.recall import tokenize
 from app.memory.state import ThreadMessage
-from app.memory.text import CJK_RE, FENCED_CODE_RE
+from app.memory.text import CJK_RE, FENCED_CODE_RE, cut_at_word
 from app.memory.tokens import TokenCounter
 
 ABOUT, ASKED, PERSON, ASSISTANT, TOLD, TEXT = "about", "asked", "person", "assistant", "told", "text"
@@ -85,7 +85,9 @@ FIT_SHARE = 0.85
 """A record over its limits is cut down to this share of them (room for the next compactions' lines)."""
 _LINE_RE = re.compile(r"^- (About|Asked|Person|Assistant|Told)(?: \(turn (\d+)\))?(?: \[replaced by turn (\d+)\])?: (.*)$")
 ASKED_MAX_CHARS = 80
-"""Longest ``Asked:`` line (the opening of a person's message that carried no statement)."""
+"""Longest ``Asked:`` line (the opening of a person's message that carried no statement), ``…`` included."""
+_CUT_STRIP = " ,;:，；：、"
+"""What a cut line never ends with, before its ``…``."""
 LINE_MAX_CHARS = 400
 """Longest line kept from one message; a longer sentence is cut at a word edge (the archive keeps it whole)."""
 JOIN_MAX_CHARS = 240
@@ -262,20 +264,13 @@ def asked_line(turn: Sequence[ThreadMessage], number: int = 0) -> RecordLine | N
     person = next((m for m in turn if m.role == "user"), None)
     if person is None:
         return None
-    first = (sentences(person.text) or [""])[0]
-    if len(first) > ASKED_MAX_CHARS:
-        cut = first[:ASKED_MAX_CHARS]
-        space = cut.rfind(" ")
-        first = (cut[:space] if space > ASKED_MAX_CHARS // 2 else cut).rstrip(" ,;:，；：") + "…"
+    first = cut_at_word((sentences(person.text) or [""])[0], ASKED_MAX_CHARS, mark="…", strip=_CUT_STRIP)
     return RecordLine(ASKED, first, number) if first else None
 
 
 def _cut(sentence: str, max_chars: int) -> str:
-    """``sentence`` whole when it fits ``max_chars``, else its beginning cut at a word edge plus `` …``."""
-    if len(sentence) <= max_chars:
-        return sentence
-    at = _word_edge(sentence, max_chars - 2, -1)
-    return sentence[:at if at > max_chars // 2 else max_chars - 2].rstrip(" ,;:，；：、") + " …"
+    """``sentence`` whole when it fits ``max_chars``, else its beginning cut at a word plus `` …``."""
+    return cut_at_word(sentence, max_chars, mark=" …", strip=_CUT_STRIP)
 
 
 def statement_lines(turn: Sequence[ThreadMessage], known_facts: Iterable[str] = (), *, number: int = 0,
