@@ -11,7 +11,7 @@ data, in a delimited section, in turn order (``format_recall``).
 Tokens (``tokenize``): text is NFKC-normalised and case-folded; identifiers and
 numbers are whole tokens (``INC-4471``, ``eu-west-2``, ``v2.3.1``, ``12,000``,
 ``14:30``); Latin words are tokens (``'s`` dropped); Chinese runs are segmented
-with jieba (its dictionary loads on first use, about a second per process).
+with jieba (``app.memory.segment``: its dictionary loads on first use, about a second per process).
 Function words (a short list of English and Chinese pronouns, articles, particles and
 auxiliaries) are not tokens: they say nothing about which turn is meant.
 
@@ -32,6 +32,7 @@ from typing import Iterable, Sequence
 
 from rank_bm25 import BM25Plus
 
+from app.memory import segment
 from app.memory.state import ThreadMessage
 from app.memory.text import CJK, compare_form, cut_at_word, fold
 from app.memory.tokens import TokenCounter
@@ -77,22 +78,6 @@ _ZH_FUNCTION = frozenset("""
 """.split())
 
 log = logging.getLogger(__name__)
-_jieba_lock = threading.Lock()
-_jieba = None
-
-
-def _cut(run: str) -> list[str]:
-    """jieba's segmentation of one run of Chinese characters (jieba loaded once per process)."""
-    global _jieba
-    if _jieba is None:
-        with _jieba_lock:
-            if _jieba is None:
-                import jieba
-
-                jieba.setLogLevel(logging.WARNING)
-                jieba.initialize()
-                _jieba = jieba
-    return _jieba.lcut(run)
 
 
 def tokenize(text: str) -> list[str]:
@@ -106,7 +91,7 @@ def tokenize(text: str) -> list[str]:
     for match in _TOKEN_RE.finditer(lowered):
         kind, value = match.lastgroup, match.group(0)
         if kind == "cjk":
-            out.extend(w for w in _cut(value) if w.strip() and w not in _ZH_FUNCTION)
+            out.extend(w for w in segment.words(value) if w.strip() and w not in _ZH_FUNCTION)
         elif kind == "word":
             value = re.sub(r"['’]s$", "", value)
             if value not in _EN_FUNCTION and len(value) > 1:

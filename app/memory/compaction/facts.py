@@ -21,13 +21,12 @@ so a retention figure never claims to have checked what it could not read.
 
 from __future__ import annotations
 
-import os
 import re
-import threading
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Iterable, Sequence
 
+from app.memory import segment
 from app.memory.text import CJK, CJK_RE, FENCED_CODE_RE
 
 # ------------------------------------------------------------------------------------------ scripts
@@ -139,35 +138,6 @@ _ZH_NOT_NAMES = frozenset("""
 王爷 王公 白雪 高峰 齐声 石英 金殿 师哥 高潮 齐全 黄金周 顾客 辛勤 米粉 古建筑 胡子 王府 叶子 白领 康复 沙滩 师范
 梅花 吉祥 范畴 周转 孙子 杜鹃花
 """.split())
-_jieba_lock = threading.Lock()
-_jieba_posseg = None
-
-
-def _new_jieba_lock() -> None:
-    """After ``fork()``: a lock of the child's own (another thread of the parent may have held the old one)."""
-    global _jieba_lock
-    _jieba_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_new_jieba_lock)
-
-
-def _posseg():
-    """jieba's part-of-speech tagger, loaded once per process (about a second)."""
-    global _jieba_posseg
-    with _jieba_lock:
-        if _jieba_posseg is None:
-            import logging
-
-            import jieba
-            import jieba.posseg
-
-            jieba.setLogLevel(logging.WARNING)
-            jieba.initialize()
-            _jieba_posseg = jieba.posseg
-    return _jieba_posseg
-
-
 # ------------------------------------------------------------------------------------------ decisions
 
 _DECISION_EN = re.compile(
@@ -246,7 +216,7 @@ def _chinese(text: str) -> list[tuple[int, str]]:
             if re.fullmatch(r"[一二两三四五六七八九十]个(?:月|人)?", value) and "个月" not in value:
                 continue  # 一个, 两个: counting words, not facts
             spans.append((match.start(), value))
-    posseg = _posseg()
+    posseg = segment.tagger()
     dictionary = posseg.dt.word_tag_tab
     for run in re.finditer(f"[^\\s]*[{CJK}][^\\s]*", text):
         offset = run.start()
