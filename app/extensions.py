@@ -14,6 +14,7 @@ from typing import Callable
 import redis
 from flask import current_app
 
+from app.compaction.requests import CompactionRequests
 from app.llm.client import LLMClient
 from app.llm.structured import StructuredClient, compaction_endpoint
 from app.memory.tokens import TokenCounter, counter_for
@@ -77,9 +78,8 @@ class Services:
     """Publishes the compaction task for ``(thread_id, version)``; set by ``create_app`` once Celery exists."""
 
     @cached_property
-    def compaction_requests(self):
-        """How a turn asks for a compaction (``app.compaction.requests.CompactionRequests``)."""
-        from app.compaction.requests import CompactionRequests
+    def compaction_requests(self) -> CompactionRequests:
+        """How a turn asks for a compaction: marks it due and publishes the task (``send_compaction``)."""
 
         def send(thread_id: str, version: int) -> None:
             if self.send_compaction is None:

@@ -21,6 +21,7 @@ import orjson
 from flask import current_app
 from simple_websocket import ConnectionClosed
 
+from app.extensions import Services
 from app.llm.warmup import PromptWarmup
 from app.memory.context import ContextTooLong, assemble_context
 from app.store.thread_store import CorruptState, StoreUnavailable
@@ -105,7 +106,7 @@ class CompactionWarmup:
     one slot), or when the thread cannot be read.  Runs in its own thread; never raises, never writes.
     """
 
-    def __init__(self, services, thread_id: str, warmup: PromptWarmup, turn_in_flight: Callable[[], bool]):
+    def __init__(self, services: Services, thread_id: str, warmup: PromptWarmup, turn_in_flight: Callable[[], bool]):
         self.services = services
         self.thread_id = thread_id
         self.warmup = warmup

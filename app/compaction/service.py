@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from tenacity import RetryCallState, wait_exponential, wait_random_exponential
 
@@ -41,6 +42,9 @@ from app.compaction.requests import retry_marker_ttl, running_marker_ttl
 from app.memory.state import ThreadState, utc_now_iso
 from app.store.archive import archived_turns
 from app.store.thread_store import CompactionCommit, CorruptState, StoreUnavailable
+
+if TYPE_CHECKING:  # the layer above, for types only (docs/architecture.md)
+    from app.extensions import Services
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +116,7 @@ class CompactionOutcome:
     result: CompactionResult | None = field(default=None, repr=False)
 
 
-def prepare(services, thread_id: str) -> Prepared | None:
+def prepare(services: Services, thread_id: str) -> Prepared | None:
     """Read the thread and plan a fold; None when no compaction is due any more.
 
     Raises:
@@ -133,14 +137,14 @@ def prepare(services, thread_id: str) -> Prepared | None:
                     preceding[-1].answer if preceding else "")
 
 
-def _compose(services, prepared: Prepared, answer: CompactionAnswer | None, *, force: bool = False):
+def _compose(services: Services, prepared: Prepared, answer: CompactionAnswer | None, *, force: bool = False):
     settings = services.settings
     return domain.compose(prepared.state, prepared.plan, answer, limits=settings.limits, counter=services.counter,
                           prompt_budget=settings.prompt_budget, force=force,
                           preceding_answer=prepared.preceding_answer)
 
 
-def _ask(services, messages: list[dict], deadline: float, max_gist_chars: int):
+def _ask(services: Services, messages: list[dict], deadline: float, max_gist_chars: int):
     """One structured model call, never past ``deadline`` (``time.monotonic()`` seconds).
 
     The schema sent bounds the gist to ``max_gist_chars`` (a grammar-constrained model cannot write more).
@@ -157,7 +161,7 @@ def _ask(services, messages: list[dict], deadline: float, max_gist_chars: int):
         timeout=min(settings.compaction_llm_timeout, remaining), max_tokens=domain.MAX_OUTPUT_TOKENS)
 
 
-def produce(services, prepared: Prepared, *, deadline: float | None = None,
+def produce(services: Services, prepared: Prepared, *, deadline: float | None = None,
             fallback: CompactionResult | None = None) -> CompactionResult:
     """Ask the model for the gist and proposed decisions and compose what is written.
 
@@ -212,7 +216,7 @@ def produce(services, prepared: Prepared, *, deadline: float | None = None,
         return extractive
 
 
-def commit(services, prepared: Prepared, result: CompactionResult) -> CompactionCommit:
+def commit(services: Services, prepared: Prepared, result: CompactionResult) -> CompactionCommit:
     """Write a result with the Lua compare-and-set; ``lastCompactedAt`` is set here, never by the model.
 
     Raises:
@@ -224,7 +228,7 @@ def commit(services, prepared: Prepared, result: CompactionResult) -> Compaction
         summary=result.summary, notes=list(result.notes), compacted_at=utc_now_iso())
 
 
-def run_compaction(services, thread_id: str, seen_version: int, *, attempt: int = 0) -> CompactionOutcome:
+def run_compaction(services: Services, thread_id: str, seen_version: int, *, attempt: int = 0) -> CompactionOutcome:
     """One attempt of the compaction task (the body of ``workers.compact_thread``; tests call it directly).
 
     Args:
@@ -368,7 +372,7 @@ def _figures(prepared: Prepared, result: CompactionResult | None, started: float
     return figures
 
 
-def _record(services, thread_id: str, outcome: str, reason: str, figures: dict) -> dict:
+def _record(services: Services, thread_id: str, outcome: str, reason: str, figures: dict) -> dict:
     """Push one history entry (numbers and categories only), capped at ``HISTORY_MAX``; return it."""
     entry = {"at": int(time.time() * 1000), "outcome": outcome, "reason": reason, **figures}
     try:
@@ -378,7 +382,7 @@ def _record(services, thread_id: str, outcome: str, reason: str, figures: dict) 
     return entry
 
 
-def _publish(services, thread_id: str, status: str, message: str, **numbers) -> None:
+def _publish(services: Services, thread_id: str, status: str, message: str, **numbers) -> None:
     """Publish ``{"type":"memory","status",...}`` on the thread's events channel (best effort)."""
     try:
         services.store.publish_event(thread_id, {"type": "memory", "status": status, "message": message, **numbers})
@@ -386,7 +390,7 @@ def _publish(services, thread_id: str, status: str, message: str, **numbers) -> 
         log.warning("memory event for %s not published: %s", thread_id[:13], exc)
 
 
-def _request_again_if_due(services, thread_id: str) -> bool:
+def _request_again_if_due(services: Services, thread_id: str) -> bool:
     """After an applied or stale compaction: enqueue another one when the thread is still due."""
     try:
         state = services.store.load(thread_id)

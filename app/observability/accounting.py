@@ -25,10 +25,14 @@ import hashlib
 import json
 import logging
 from datetime import datetime, timezone
+from typing import TYPE_CHECKING
 
 from app.memory.state import utc_now_iso
 from app.observability import metrics
 from app.store.keys import ThreadKeys
+
+if TYPE_CHECKING:  # the layer above, for types only (docs/architecture.md)
+    from app.extensions import Services
 
 log = logging.getLogger(__name__)
 MAX_TURN_RECORDS = 200
@@ -96,7 +100,7 @@ def log_prompt(thread_id: str, context, *, message_id: str, include_text: bool) 
                       len(m.content), m.tokens, content_sha(m.content))
 
 
-def record_turn(services, thread_id: str, outcome) -> dict | None:
+def record_turn(services: Services, thread_id: str, outcome) -> dict | None:
     """Store a turn's accounting record, count it in the metrics and log its prompt; returns the record.
 
     Store failures are logged and counted, never raised.
@@ -123,7 +127,7 @@ def record_turn(services, thread_id: str, outcome) -> dict | None:
     return record
 
 
-def load_turn_records(services, thread_id: str, limit: int = MAX_TURN_RECORDS) -> list[dict]:
+def load_turn_records(services: Services, thread_id: str, limit: int = MAX_TURN_RECORDS) -> list[dict]:
     """The thread's accounting records, oldest first.
 
     Raises:
@@ -186,7 +190,7 @@ def public_compaction(record: dict) -> dict:
     return out
 
 
-def load_compactions(services, thread_id: str, limit: int = 50) -> list[dict]:
+def load_compactions(services: Services, thread_id: str, limit: int = 50) -> list[dict]:
     """The thread's compaction history (public form), oldest first.
 
     Raises:

@@ -8,13 +8,18 @@ later turns of every process, and the page, know tools are off.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from app.llm.provider import is_refusal
+
+if TYPE_CHECKING:  # the layer above, for types only (docs/architecture.md)
+    from app.extensions import Services
 
 TOOLS = "tools"
 _TOOL_WORDS = ("tool", "function")
 
 
-def tools_enabled(services) -> bool:
+def tools_enabled(services: Services) -> bool:
     """True when ``TOOLS_ENABLED`` is set and the provider of ``services`` has not refused tools."""
     return bool(services.settings.tools_enabled) and not services.provider_caps.refuses(TOOLS)
 
@@ -24,6 +29,6 @@ def rejects_tools(error: BaseException) -> bool:
     return is_refusal(error, _TOOL_WORDS)
 
 
-def mark_tools_refused(services) -> None:
+def mark_tools_refused(services: Services) -> None:
     """Record that the provider of ``services`` refuses tools (best effort)."""
     services.provider_caps.mark_refused(TOOLS)

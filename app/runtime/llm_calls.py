@@ -10,13 +10,16 @@ failure is an ``LLMError``.
 from __future__ import annotations
 
 import time
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import openai
 from pydantic import BaseModel
 
 from app.llm.client import mapped_error
 from app.llm.structured import invalid_answer
+
+if TYPE_CHECKING:  # the layer above, for types only (docs/architecture.md)
+    from app.extensions import Services
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -26,7 +29,7 @@ def call_deadline(settings) -> float:
     return time.monotonic() + settings.llm_turn_timeout
 
 
-def complete_text(services, messages: list[dict], *, deadline: float | None = None) -> str:
+def complete_text(services: Services, messages: list[dict], *, deadline: float | None = None) -> str:
     """One non-streaming answer's text (``CHAT_MODEL``, the SDK retrying ``LLM_MAX_RETRIES`` times).
 
     Raises:
@@ -51,7 +54,7 @@ def complete_text(services, messages: list[dict], *, deadline: float | None = No
     return text
 
 
-def structured_answer(services, messages: list[dict], answer: type[M], *, name: str,
+def structured_answer(services: Services, messages: list[dict], answer: type[M], *, name: str,
                       deadline: float | None = None) -> M:
     """A structured answer of ``CHAT_MODEL`` validated by the pydantic model ``answer``.
 

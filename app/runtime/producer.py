@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from app.llm.client import StreamStats
 from app.memory.context import AssembledContext
 from app.memory.state import ThreadState
 from app.memory.status import TurnStatus
+
+if TYPE_CHECKING:  # the layer above, for types only (docs/architecture.md)
+    from app.extensions import Services
 
 
 @dataclass
@@ -76,7 +79,7 @@ class TurnIO(Protocol):
         user_id: the user message id the turn writes.
     """
 
-    services: Any
+    services: Services
     thread_id: str
     text: str
     state: ThreadState

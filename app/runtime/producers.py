@@ -18,6 +18,7 @@ A command that cannot start raises ``CommandError`` (``empty_input``: no goal;
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
 from app.runtime.capabilities import tools_enabled
 from app.runtime.chat import ChatProducer
@@ -25,6 +26,9 @@ from app.runtime.delivery import DeliveryProducer
 from app.runtime.run_store import RunStore
 from app.runtime.tasklist import DropTaskListProducer, TaskListProducer
 from app.runtime.tool_chat import ToolChatProducer
+
+if TYPE_CHECKING:  # the layer above, for types only (docs/architecture.md)
+    from app.extensions import Services
 
 _COMMAND = re.compile(r"^/(tasklist|delivery)(?:\s+(.*))?$", re.S | re.I)
 RESUME_ARGS = frozenset({"continue", "confirm", "yes", "go", "resume"})
@@ -51,7 +55,7 @@ def is_confirmation(text: str) -> bool:
     return _word(text) in CONFIRM_WORDS
 
 
-def choose_producer(services, thread_id: str, text: str):
+def choose_producer(services: Services, thread_id: str, text: str):
     """The producer for the person's message ``text`` (see the module docstring).
 
     Raises:
