@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from app.llm.client import CancelEvent, LLMClient, SSEDecoder, StreamStats, _http_parser
+from app.llm.client import CancelEvent, LLMClient, SSEDecoder, StreamStats, http_parser
 from app.llm.provider import LLMError, map_error
 from tests.fake_llm import Reply, words
 
@@ -242,5 +242,5 @@ def test_the_http_parser_is_reachable_for_the_coalescing_probe(llm_settings, fak
     client = LLMClient(llm_settings)
     with client.client.chat.completions.with_streaming_response.create(
             model="fake-chat", messages=[{"role": "user", "content": "hi"}], stream=True) as response:
-        parser = _http_parser(response.http_response)
+        parser = http_parser(response.http_response)
         assert parser is not None and isinstance(parser.trailing_data, tuple)

@@ -220,7 +220,6 @@ def test_worker_store_errors_reach_redis_even_after_an_outage(live_app, redis_cl
         assert redis_client.hget(WORKER_METRICS_KEY, "store_errors|apply_compaction") == "2"
     finally:
         metrics.use_worker_sink(None)
-        metrics._pending.clear()
     result = scrape(live_app.url)
     assert result.value("chat_memory_store_errors_total", operation="apply_compaction", process="worker") == 2
 
@@ -230,9 +229,9 @@ def test_a_celery_worker_process_sends_its_store_errors_to_redis(live_app, redis
     from celery.worker import WorkController
 
     try:
-        assert metrics._worker["client"] is None
+        metrics.count_store_error("load")  # before: counted in this process only
+        assert redis_client.hget(WORKER_METRICS_KEY, "store_errors|load") is None
         WorkController(app=live_app.app.extensions["celery"], pool_cls="solo", concurrency=1)
-        assert metrics._worker["client"] is not None
         metrics.count_store_error("load")
         assert redis_client.hget(WORKER_METRICS_KEY, "store_errors|load") == "1"
     finally:

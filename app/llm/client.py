@@ -171,7 +171,7 @@ def truncated_error() -> LLMError:
                     "saved. Please try again.", "truncated", True)
 
 
-def _http_parser(response):
+def http_parser(response):
     """The ``h11.Connection`` parsing ``response``'s body, or None when this transport has none.
 
     httpx exposes no public way to it: the path is httpx2's transport stream, then httpcore2's pooled
@@ -194,7 +194,7 @@ def _waiting_probe(response) -> Callable[[], bool]:
     """
     network_stream = response.extensions.get("network_stream")
     sock = network_stream.get_extra_info("socket") if network_stream is not None else None
-    parser = _http_parser(response)
+    parser = http_parser(response)
     # after a chunk's data the parser keeps its closing CRLF until the next call: that alone is no more body
     parsed = (lambda: bool(parser.trailing_data[0].strip(b"\r\n"))) if parser is not None else (lambda: False)
     if sock is None:

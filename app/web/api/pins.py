@@ -24,6 +24,7 @@ from app.memory.context import PINS_MAX_PROMPT_SHARE, pins_prompt_tokens
 from app.memory.limits import MemoryLimits
 from app.memory.schemas import MESSAGE_ID_RE
 from app.memory.state import PINNED_BY_PERSON, Pin, ThreadState
+from app.memory.text import cut_at_word
 from app.memory.tokens import TokenCounter
 from app.observability import metrics
 from app.store.thread_store import CorruptState, StoreUnavailable
@@ -40,18 +41,6 @@ def clean_pin_text(text: str) -> str:
     return " ".join(text.split())
 
 
-def cut_at_word(text: str, max_chars: int) -> str:
-    """``text`` (cleaned) cut to at most ``max_chars`` characters at a word boundary, ending with ``…`` when cut."""
-    text = clean_pin_text(text)
-    if len(text) <= max_chars:
-        return text
-    cut = text[: max_chars - 1]
-    at = cut.rfind(" ")
-    if at >= max_chars // 2:
-        cut = cut[:at]
-    return cut.rstrip(" ,;:-") + "…"
-
-
 def _pin_text(body: dict, state: ThreadState, limits: MemoryLimits) -> str:
     """The text to pin from a request body (typed text, or a stored message's text)."""
     text, message_id = body.get("text"), body.get("messageId")
@@ -63,7 +52,7 @@ def _pin_text(body: dict, state: ThreadState, limits: MemoryLimits) -> str:
         message = next((m for m in state.messages if m.id == message_id), None)
         if message is None:
             raise ApiError(404, "unknown_message", "That message is no longer in memory, so it can't be pinned.")
-        return cut_at_word(message.text, limits.pinned_max_chars)
+        return cut_at_word(clean_pin_text(message.text), limits.pinned_max_chars, mark="…", strip=" ,;:-")
     if not isinstance(text, str):
         raise ApiError(400, "bad_request", "The pin text must be a string.")
     text = clean_pin_text(require_storable(text))
