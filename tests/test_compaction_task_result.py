@@ -9,6 +9,7 @@ import pytest
 
 import workers.tasks as tasks
 from app.compaction.service import CompactionOutcome
+from app.store.compaction_outcome import Outcome, Reason
 from tests.fixtures.celery_worker import thread_id_for
 
 
@@ -16,9 +17,15 @@ from tests.fixtures.celery_worker import thread_id_for
     ("stale", "generation", "discarded: stale"),
     ("applied", "llm", "applied"),
     ("skipped", "no_gain", "skipped"),
+    (Outcome.STALE, Reason.GENERATION, "discarded: stale"),
+    (Outcome.APPLIED, "llm", "applied"),
+    (Outcome.SKIPPED, Reason.NO_GAIN, "skipped"),
+    (Outcome.FAILED, Reason.TIMEOUT, "failed"),
 ])
 def test_the_task_result_names_a_discarded_compaction(monkeypatch, outcome, reason, result):
     monkeypatch.setattr(tasks, "services", lambda: SimpleNamespace(redis=None, settings=None))
     monkeypatch.setattr(tasks, "run_compaction",
                         lambda svc, thread_id, version, attempt: CompactionOutcome(outcome, reason))
-    assert tasks.compact_thread(thread_id_for("flower"), 7) == result
+    returned = tasks.compact_thread(thread_id_for("flower"), 7)
+    assert returned == result
+    assert repr(returned) == repr(result)  # what Flower's Result column shows: the plain string, not an enum's repr

@@ -13,9 +13,10 @@ import threading
 from celery import shared_task, signals
 
 from app.compaction.requests import TASK_NAME
-from app.compaction.service import OUTCOME_STALE, run_compaction
+from app.compaction.service import run_compaction
 from app.extensions import services
 from app.observability.metrics import observe_compaction
+from app.store.compaction_outcome import Outcome
 
 log = logging.getLogger(__name__)
 
@@ -105,4 +106,4 @@ def compact_thread(self, thread_id: str, seen_version: int) -> str:
     if outcome.retry_in is not None:
         raise self.retry(countdown=retry_countdown_for(self.app.conf.broker_url, outcome.retry_in),
                          max_retries=svc.settings.compaction_max_retries)
-    return STALE_RESULT if outcome.outcome == OUTCOME_STALE else outcome.outcome
+    return STALE_RESULT if outcome.outcome == Outcome.STALE else str(outcome.outcome)  # Flower shows the repr: a plain str

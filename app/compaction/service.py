@@ -41,6 +41,7 @@ from app.memory.compaction import CompactionAnswer, CompactionPlan, CompactionRe
 from app.compaction.requests import retry_marker_ttl, running_marker_ttl
 from app.memory.state import ThreadState, utc_now_iso
 from app.store.archive import archived_turns
+from app.store.compaction_outcome import Outcome, Reason, reason_of
 from app.store.thread_store import CompactionCommit, CorruptState, StoreUnavailable
 
 if TYPE_CHECKING:  # the layer above, for types only (docs/architecture.md)
@@ -52,15 +53,14 @@ HISTORY_MAX = 50
 TIME_MARGIN_SECONDS = 15.0
 """Time kept free before the task's time limit for the commit, the event and the history (seconds)."""
 RETRY_BACKOFF_MAX_SECONDS = 600
-RETRYABLE = frozenset({"rate_limited", "timeout", "unavailable", "invalid_answer", "store_unavailable"})
+RETRYABLE = frozenset({Reason.RATE_LIMITED, Reason.TIMEOUT, Reason.UNAVAILABLE, Reason.INVALID_ANSWER,
+                       Reason.STORE_UNAVAILABLE})
 
 MESSAGE_STARTED = "Summarizing older turns to keep memory short."
 MESSAGE_SUCCEEDED = "Older turns were summarized."
 MESSAGE_RETRYING = "Older turns could not be summarized yet. They are kept as they are; trying again later."
 MESSAGE_FAILED = "Older turns could not be summarized. They are kept as they are."
 MESSAGE_STALE = "Memory changed while summarizing. Nothing was lost."
-
-OUTCOME_APPLIED, OUTCOME_STALE, OUTCOME_FAILED, OUTCOME_SKIPPED = "applied", "stale", "failed", "skipped"
 
 
 def retry_countdown(settings, retries: int) -> float:
@@ -99,8 +99,8 @@ class CompactionOutcome:
     """What one attempt did.
 
     Attributes:
-        outcome: ``applied``, ``stale``, ``failed`` or ``skipped``.
-        reason: a category: the strategy (``llm``, ``extractive``) when applied; ``not_due`` or
+        outcome: ``applied``, ``stale``, ``failed`` or ``skipped`` (``Outcome``, ``app.store.compaction_outcome``).
+        reason: a category (a ``Reason`` but for the first): the strategy (``llm``, ``extractive``) when applied; ``not_due`` or
             ``no_gain`` when skipped; a stale reason (``generation``, ``messages``, ``missing``);
             ``rate_limited``, ``timeout``, ``unavailable``, ``bad_request``, ``invalid_answer``,
             ``store_unavailable``, ``corrupt``, ``fact_guard`` or ``internal`` when failed.
@@ -109,8 +109,8 @@ class CompactionOutcome:
         result: what was (or would have been) written.
     """
 
-    outcome: str
-    reason: str = ""
+    outcome: Outcome
+    reason: Reason | str = ""
     retry_in: float | None = None
     entry: dict | None = None
     result: CompactionResult | None = field(default=None, repr=False)
@@ -152,7 +152,7 @@ def _ask(services: Services, messages: list[dict], deadline: float, max_gist_cha
     settings = services.settings
     remaining = deadline - time.monotonic()
     if remaining < 1.0:
-        raise LLMError("llm_unavailable", "The model took too long to answer. Please try again.", "timeout", True)
+        raise LLMError("llm_unavailable", "The model took too long to answer. Please try again.", Reason.TIMEOUT, True)
     schema = answer_schema(CompactionAnswer)
     schema = {**schema, "properties": {**schema["properties"],
                                        "summary": {**schema["properties"]["summary"], "maxLength": max_gist_chars}}}
@@ -247,12 +247,12 @@ def run_compaction(services: Services, thread_id: str, seen_version: int, *, att
     can_retry = attempt < settings.compaction_max_retries
     requests = services.compaction_requests
 
-    def fail(reason: str, prepared: Prepared | None, retryable: bool) -> CompactionOutcome:
+    def fail(reason: Reason | str, prepared: Prepared | None, retryable: bool) -> CompactionOutcome:
         retry = retryable and can_retry
         retry_in = retry_countdown(settings, attempt) if retry else None
         entry = None
         if prepared is not None:
-            entry = _record(services, thread_id, OUTCOME_FAILED, reason, _figures(prepared, None, started, attempt))
+            entry = _record(services, thread_id, Outcome.FAILED, reason, _figures(prepared, None, started, attempt))
             _publish(services, thread_id, "failed", MESSAGE_RETRYING if retry else MESSAGE_FAILED,
                      reason=reason, retrying=retry)
         log.warning("compaction for %s failed (%s), attempt %d%s", short, reason, attempt + 1,
@@ -261,21 +261,21 @@ def run_compaction(services: Services, thread_id: str, seen_version: int, *, att
             requests.hold(thread_id, seen_version, retry_marker_ttl(settings, retry_in))
         else:
             requests.release(thread_id, seen_version)
-        return CompactionOutcome(OUTCOME_FAILED, reason, retry_in, entry)
+        return CompactionOutcome(Outcome.FAILED, reason, retry_in, entry)
 
     # The marker was set for the time a task may wait in the queue; hold it while this attempt may run.
     requests.hold(thread_id, seen_version, running_marker_ttl(settings))
     try:
         prepared = prepare(services, thread_id)
     except StoreUnavailable:
-        return fail("store_unavailable", None, True)
+        return fail(Reason.STORE_UNAVAILABLE, None, True)
     except CorruptState:
         log.error("compaction for %s skipped: stored state is invalid", short)
-        return fail("corrupt", None, False)
+        return fail(Reason.CORRUPT, None, False)
     if prepared is None:
         log.info("compaction for %s skipped: not due (seen version %s)", short, seen_version)
         requests.release(thread_id, seen_version)
-        return CompactionOutcome(OUTCOME_SKIPPED, "not_due")
+        return CompactionOutcome(Outcome.SKIPPED, Reason.NOT_DUE)
 
     try:
         extractive = _compose(services, prepared, None, force=prepared.at_hard_cap)
@@ -283,10 +283,10 @@ def run_compaction(services: Services, thread_id: str, seen_version: int, *, att
         log.info("compaction for %s skipped: folding %d turns would free too little; waiting for more turns",
                  short, prepared.plan.folded_turns)
         requests.release(thread_id, seen_version)
-        return CompactionOutcome(OUTCOME_SKIPPED, "no_gain")
+        return CompactionOutcome(Outcome.SKIPPED, Reason.NO_GAIN)
     except domain.FactGuardFailure:
         log.exception("compaction for %s: the fact guard refused the fold", short)
-        return fail("fact_guard", prepared, False)
+        return fail(Reason.FACT_GUARD, prepared, False)
 
     _publish(services, thread_id, "started", MESSAGE_STARTED)
     deadline = started + max(settings.compaction_time_limit - TIME_MARGIN_SECONDS, 1.0)
@@ -297,7 +297,7 @@ def run_compaction(services: Services, thread_id: str, seen_version: int, *, att
         result = extractive
     except Exception as exc:  # LLMError, a bad answer, a time limit, anything unexpected
         reason, retryable = _classify(exc)
-        if isinstance(exc, (LLMError, domain.InvalidCompactionOutput)) or reason == "timeout":
+        if isinstance(exc, (LLMError, domain.InvalidCompactionOutput)) or reason == Reason.TIMEOUT:
             log.info("compaction for %s: model step failed: %s", short, reason)
         else:
             log.exception("compaction for %s: unexpected error", short)
@@ -310,10 +310,10 @@ def run_compaction(services: Services, thread_id: str, seen_version: int, *, att
     try:
         committed = commit(services, prepared, result)
     except StoreUnavailable:
-        return fail("store_unavailable", prepared, True)
+        return fail(Reason.STORE_UNAVAILABLE, prepared, True)
 
-    if committed.outcome == OUTCOME_APPLIED:
-        entry = _record(services, thread_id, OUTCOME_APPLIED, result.strategy,
+    if committed.outcome == Outcome.APPLIED:
+        entry = _record(services, thread_id, Outcome.APPLIED, result.strategy,
                         _figures(prepared, result, started, attempt))
         _publish(services, thread_id, "succeeded", MESSAGE_SUCCEEDED, summaryLength=len(result.summary),
                  noteCount=len(result.notes), turnsFolded=prepared.plan.folded_turns,
@@ -327,31 +327,31 @@ def run_compaction(services: Services, thread_id: str, seen_version: int, *, att
                  result.facts_skipped, entry["durationMs"])
         requests.release(thread_id, seen_version)
         _request_again_if_due(services, thread_id)
-        return CompactionOutcome(OUTCOME_APPLIED, result.strategy, None, entry, result)
+        return CompactionOutcome(Outcome.APPLIED, result.strategy, None, entry, result)
 
     log.info("compaction for %s discarded: stale (%s); seen version %s, read version %s",
              short, committed.detail, seen_version, prepared.state.version)
-    entry = _record(services, thread_id, OUTCOME_STALE, committed.detail,
+    entry = _record(services, thread_id, Outcome.STALE, committed.detail,
                     {"attempt": attempt, "durationMs": int((time.monotonic() - started) * 1000)})
     requests.release(thread_id, seen_version)
     if not _request_again_if_due(services, thread_id):
-        _publish(services, thread_id, "failed", MESSAGE_STALE, reason="stale", retrying=False)
-    return CompactionOutcome(OUTCOME_STALE, committed.detail, None, entry, result)
+        _publish(services, thread_id, "failed", MESSAGE_STALE, reason=Outcome.STALE, retrying=False)
+    return CompactionOutcome(Outcome.STALE, committed.detail, None, entry, result)
 
 
 # ------------------------------------------------------------------------------------------ helpers
 
 
-def _classify(exc: BaseException) -> tuple[str, bool]:
+def _classify(exc: BaseException) -> tuple[Reason | str, bool]:
     if isinstance(exc, LLMError):
-        return exc.category, exc.category in RETRYABLE
+        return reason_of(exc.category), exc.category in RETRYABLE
     if isinstance(exc, domain.InvalidCompactionOutput):
-        return "invalid_answer", True
+        return Reason.INVALID_ANSWER, True
     if type(exc).__name__ == "SoftTimeLimitExceeded":  # celery's, raised inside the task
-        return "timeout", True
+        return Reason.TIMEOUT, True
     if isinstance(exc, StoreUnavailable):
-        return "store_unavailable", True
-    return "internal", False
+        return Reason.STORE_UNAVAILABLE, True
+    return Reason.INTERNAL, False
 
 
 def _figures(prepared: Prepared, result: CompactionResult | None, started: float, attempt: int) -> dict:
@@ -372,7 +372,7 @@ def _figures(prepared: Prepared, result: CompactionResult | None, started: float
     return figures
 
 
-def _record(services: Services, thread_id: str, outcome: str, reason: str, figures: dict) -> dict:
+def _record(services: Services, thread_id: str, outcome: Outcome, reason: Reason | str, figures: dict) -> dict:
     """Push one history entry (numbers and categories only), capped at ``HISTORY_MAX``; return it."""
     entry = {"at": int(time.time() * 1000), "outcome": outcome, "reason": reason, **figures}
     try:

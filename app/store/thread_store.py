@@ -24,6 +24,7 @@ from app.memory.final_turn import FinalTurn, prepare_final_turn
 from app.memory.schemas import MESSAGE_SCHEMA, stored_state_schema
 from app.memory.limits import MemoryLimits
 from app.memory.state import PINNED_BY_PERSON, Pin, ThreadMessage, ThreadState
+from app.store.compaction_outcome import Outcome, Reason, reason_of
 from app.store.keys import HEALTH_PROBE_KEY, ThreadKeys
 from app.store.redis_client import is_cluster, run_script_and_wait
 
@@ -67,9 +68,9 @@ class CommitResult:
 class CompactionCommit:
     """Outcome of ``apply_compaction``: ``outcome`` is ``applied`` or ``stale``; ``detail`` says why stale."""
 
-    outcome: str
+    outcome: Outcome
     version: int = 0
-    detail: str = ""
+    detail: Reason | str = ""
 
 
 # A counter field (``v``, ``gen``, ``clr``): a non-negative decimal integer, as HINCRBY writes it.
@@ -341,9 +342,9 @@ class ThreadStore:
             [str(expected_gen), _dumps(list(folded_ids)), summary, _dumps(list(notes)), compacted_at, self.ttl,
              self.limits.archive_max_turns, self.limits.archive_max_bytes],
         )
-        if result[0] == "applied":
-            return CompactionCommit("applied", int(result[1]))
-        return CompactionCommit("stale", detail=str(result[1]))
+        if result[0] == Outcome.APPLIED:
+            return CompactionCommit(Outcome.APPLIED, int(result[1]))
+        return CompactionCommit(Outcome.STALE, detail=reason_of(str(result[1])))
 
     @_guard
     def set_pins(self, thread_id: str, *, expected_gen: int, pins: list[Pin]) -> bool:
