@@ -548,3 +548,26 @@ def test_without_room_for_a_gist_the_model_is_not_asked(compaction_rig, fake_llm
     assert rig.store.load(tid).summary == record(1, 1, asked(1))
     assert [(e["outcome"], e["reason"]) for e in history(rig.client, tid)] == [("applied", "extractive")]
     assert fake_llm.chat_requests("structured") == []
+
+
+@pytest.mark.parametrize("backoff, retries, low, high", [
+    (10.0, 0, 5.0, 10.0),
+    (10.0, 1, 10.0, 20.0),
+    (10.0, 3, 40.0, 80.0),
+    (10.0, 6, 300.0, 600.0),  # 640 s capped at RETRY_BACKOFF_MAX_SECONDS
+    (0.2, 0, 0.1, 0.2),  # fractions of a second are kept (the test rigs' backoff)
+    (0.2, 1, 0.2, 0.4),
+])
+def test_a_retry_waits_between_half_the_interval_and_the_interval(monkeypatch, backoff, retries, low, high):
+    from types import SimpleNamespace
+
+    import app.compaction.service as service
+
+    settings = SimpleNamespace(compaction_retry_backoff=backoff)
+    monkeypatch.setattr(service.random, "uniform", lambda a, b: a)
+    assert service.retry_countdown(settings, retries) == low
+    monkeypatch.setattr(service.random, "uniform", lambda a, b: b)
+    assert service.retry_countdown(settings, retries) == high
+    monkeypatch.undo()
+    waits = [service.retry_countdown(settings, retries) for _ in range(200)]
+    assert all(low <= wait <= high for wait in waits) and len(set(waits)) > 1

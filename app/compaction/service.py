@@ -28,11 +28,12 @@ reach a turn.
 from __future__ import annotations
 
 import logging
+import random
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from tenacity import RetryCallState, wait_exponential, wait_random_exponential
+from celery.utils.time import get_exponential_backoff_interval
 
 from app.llm.provider import LLMError
 from app.llm.structured import answer_schema, strict_answer_schema
@@ -64,17 +65,15 @@ MESSAGE_STALE = "Memory changed while summarizing. Nothing was lost."
 
 
 def retry_countdown(settings, retries: int) -> float:
-    """Seconds before retry ``retries + 1``: exponential backoff with "equal jitter" (tenacity's waits).
+    """Seconds before retry ``retries + 1``: Celery's exponential backoff with "equal jitter".
 
-    Between ``b * 2**retries / 2`` and ``b * 2**retries`` seconds, ``b`` being
-    ``COMPACTION_RETRY_BACKOFF_SECONDS``; each half is capped at ``RETRY_BACKOFF_MAX_SECONDS / 2``.
+    ``interval`` is Celery's ``get_exponential_backoff_interval`` without its (whole-second) full jitter:
+    ``b * 2**retries`` capped at ``RETRY_BACKOFF_MAX_SECONDS``, ``b`` being ``COMPACTION_RETRY_BACKOFF_SECONDS``
+    (fractions of a second kept); the wait is uniform between ``interval / 2`` and ``interval``.
     """
-    state = RetryCallState(retry_object=None, fn=None, args=(), kwargs={})
-    state.attempt_number = retries + 1
-    half = settings.compaction_retry_backoff / 2
-    cap = RETRY_BACKOFF_MAX_SECONDS / 2
-    wait = wait_exponential(multiplier=half, max=cap) + wait_random_exponential(multiplier=half, max=cap)
-    return round(wait(state), 3)
+    interval = get_exponential_backoff_interval(settings.compaction_retry_backoff, retries,
+                                                RETRY_BACKOFF_MAX_SECONDS, full_jitter=False)
+    return round(interval / 2 + random.uniform(0, interval / 2), 3)
 
 
 @dataclass(frozen=True)
