@@ -22,7 +22,7 @@ from app.chat.connection import CompactionWarmup, FrameWriter, prompt_warmup
 from app.chat.events import EventHub
 from app.chat.frames import CancelFrame, FrameError, parse_frame
 from app.chat.turn import Turn
-from app.extensions import services
+from app.extensions import Services, services
 from app.identity import current_thread_id
 from app.memory.context import ContextTooLong
 from app.observability.metrics import websocket_closed, websocket_opened
@@ -104,7 +104,7 @@ def chat_socket(ws):
         OPEN_SOCKETS.leave()
 
 
-def _claim_session_place(svc, thread_id: str, socket_id: str) -> bool:
+def _claim_session_place(svc: Services, thread_id: str, socket_id: str) -> bool:
     """True when the session may open one more socket (or the store cannot tell: served anyway)."""
     try:
         return svc.store.claim_socket(thread_id, socket_id, most=svc.settings.ws_max_per_session,
@@ -166,7 +166,7 @@ def _serve(ws, writer: FrameWriter) -> None:
             pass  # the lease ends by itself
 
 
-def _handle(svc, writer: FrameWriter, thread_id: str, data, turn: Turn | None) -> Turn | None:
+def _handle(svc: Services, writer: FrameWriter, thread_id: str, data, turn: Turn | None) -> Turn | None:
     """Act on one received frame; return the connection's turn (a new one when a turn started)."""
     try:
         frame = parse_frame(data, max_input_chars=svc.settings.max_input_chars)
