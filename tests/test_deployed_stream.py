@@ -26,9 +26,9 @@ from app.llm.client import CancelEvent, LLMClient, StreamStats
 from app.llm.provider import LLMError
 from tests.cut_model import pieces
 from tests.fixtures.live_app import ChatClient, answer_text, frame_kinds
+from tests.helpers.processes import prod_env, start, stop_group
 from tests.polling import wait_until
 from tests.servers import free_port, port_open, stop, wait_http
-from tests.test_procfile import prod_env, start, stop_group
 
 ROOT = Path(__file__).resolve().parent.parent
 TRUNCATED = ("upstream_truncated",

@@ -26,8 +26,8 @@ import redis
 from app.store.keys import ThreadKeys
 from tests.fake_llm import Reply
 from tests.fixtures.celery_worker import commit_turn, history, seed_turns, thread_id_for, wait_until
+from tests.helpers.processes import PROCFILE, prod_env, start, stop_group
 from tests.servers import free_port, port_open
-from tests.test_procfile import PROCFILE, prod_env, start, stop_group
 
 ANSWER = {"summary": "They talked about where they live.", "pinnedDecisions": []}
 
