@@ -18,7 +18,6 @@ import pytest
 
 from app.memory.final_turn import TRUNCATION_NOTICE
 from app.memory.hydration import find_forbidden_key
-from app.runtime import tasklist
 from app.runtime.resources import read_resource
 from app.runtime.run_store import RUN_TTL_SECONDS, RunStore
 from app.store.keys import ThreadKeys
@@ -443,15 +442,15 @@ def test_run_and_turn_runner_both_writing_store_the_turn_once(chat, fake_llm, re
 def test_agent_writing_before_the_turn_runner_is_deduplicated(chat, fake_llm, live_app, monkeypatch):
     """The task-list agent commits its own completion first; the turn runner's commit then adds nothing."""
     services = live_app.app.extensions["chat"]
-    original = tasklist.TaskListProducer._finish
+    original = RunStore.finish
 
-    def finish_and_write(self, io, store, run, status):
-        result = original(self, io, store, run, status)
-        first = commit_recorded_final(services, io.thread_id, run.id)
-        assert first.appended is True
-        return result
+    def finish_and_write(self, run, **final):
+        original(self, run, **final)  # the run records its final turn, then the agent writes it at once
+        if run.kind == "tasklist":
+            first = commit_recorded_final(services, self.keys.thread_id, run.id)
+            assert first.appended is True
 
-    monkeypatch.setattr(tasklist.TaskListProducer, "_finish", finish_and_write)
+    monkeypatch.setattr(RunStore, "finish", finish_and_write)
     script_tasklist(fake_llm)
     frames = chat.turn("/tasklist Plan a picnic for Saturday", message_id="goal-1")
     assert frames[-1]["status"] == "completed"
