@@ -1,7 +1,7 @@
 """The production ``Procfile`` worker as deployed: Celery's prefork pool with its default concurrency.
 
 Each test starts the Procfile's ``worker:`` command exactly as written (``bash -c``, own process
-group, production environment; ``tests.test_procfile``) against the test Redis and a real broker:
+group, production environment; ``tests.helpers.processes``) against the test Redis and a real broker:
 
 - a thread written in Chinese is compacted: the prefork children load jieba and the sentence
   segmenter themselves after the fork (``workers.tasks``), none inherits a lock held by a thread
