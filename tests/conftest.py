@@ -8,6 +8,9 @@ import pytest
 
 os.environ.setdefault("APP_ENV", "test")
 
+# Helpers imported by the test modules get pytest's assertion messages too (fixture plugins get them anyway).
+pytest.register_assert_rewrite("tests.helpers", "tests.fixtures.deployed_web")
+
 pytest_plugins = [
     "tests.fixtures.redis_server",
     "tests.fixtures.live_app",

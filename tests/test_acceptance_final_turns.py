@@ -13,7 +13,7 @@ from app.store.keys import ThreadKeys
 from tests.fake_llm import Reply
 from tests.fixtures.live_app import ChatClient, answer_text
 from tests.fixtures.runs import commit_recorded_final
-from tests.test_runtime_producers import has_tool_results, matching, only_run, script_tasklist, texts, worker_for
+from tests.helpers.tool_scripts import has_tool_results, matching, only_run, script_tasklist, texts, worker_for
 
 
 def record_commits(monkeypatch, live_app) -> list:

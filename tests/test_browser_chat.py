@@ -10,6 +10,7 @@ import pytest
 
 from tests.fake_llm import Reply, split_tokens
 from tests.fixtures.streamed_chat import OUTPUT_DIR
+from tests.helpers.browser import MESSAGES, last_bot, send, wait_connected
 
 pytestmark = pytest.mark.browser
 
@@ -20,9 +21,6 @@ XSS_ANSWER = ('Here you go: <img src=x onerror="window.__xss=1"> <script>window.
               '![pic](javascript:window.__xss=5) and **bold** text.')
 NORMAL = "Streaming answers arrive piece by piece, and this one is kept in memory."
 LONG = " ".join(f"long{i}" for i in range(400))
-
-MESSAGES = '[data-testid="message"]'
-
 
 def reply_for(body: dict) -> Reply:
     text = body["messages"][-1]["content"]
@@ -39,26 +37,12 @@ def bubbles(page) -> list[tuple[str, str]]:
         MESSAGES, "els => els.map(e => [e.dataset.role, e.querySelector('.content').innerText.trim()])")]
 
 
-def wait_connected(page) -> None:
-    page.wait_for_selector('[data-testid="connection"][data-state="connected"]')
-
-
-def send(page, text: str) -> None:
-    box = page.get_by_test_id("message-input")
-    box.fill(text)
-    box.press("Enter")  # Enter sends
-
-
 def wait_saved(page, n: int) -> None:
     """Wait until no turn is in flight and the page shows ``n`` messages, all re-read from server memory."""
     page.wait_for_function(
         """n => { const all = document.querySelectorAll('[data-testid="message"]');
                   return document.getElementById('stop').hidden && all.length === n
                          && [...all].every(e => e.dataset.saved === '1'); }""", arg=n)
-
-
-def last_bot(page):
-    return page.locator(f'{MESSAGES}[data-role="assistant"]').last
 
 
 def server_thread(page, url: str) -> dict:

@@ -16,10 +16,11 @@ from app.observability.feedback import load_feedback
 from app.settings import MemoryLimits
 from tests.fake_llm import Reply
 from tests.fixtures.streamed_chat import OUTPUT_DIR, wait_for
+from tests.helpers.browser import OFFSITE_ANSWERS, send_and_wait, stats, until
 
 pytestmark = pytest.mark.browser
 
-ANSWERS = {
+OFFSITE_ANSWERS = {
     "We are planning a team offsite in Lisbon for 12 people.":
         "Great: **Lisbon**, 12 people. Do you have dates and a budget in mind? Spring and early summer are "
         "pleasant there, the city is walkable, and a group of that size fits most workshop venues, so the "
@@ -31,34 +32,13 @@ ANSWERS = {
 }
 
 
-def until(page, expression: str, arg=None) -> None:
-    """Wait until the JS ``expression`` (a function of ``arg``) is truthy, polling every 50 ms."""
-    page.wait_for_function(expression, arg=arg, polling=50)
-
-
-def stats(page, base: str) -> dict:
-    return page.request.get(base + "/api/chat/stats").json()
-
-
-def send(page, base: str, text: str) -> str:
-    """Type and send a message; wait until its answer is complete in the page; returns the answer's id."""
-    before = len(stats(page, base)["turns"])
-    page.get_by_test_id("message-input").fill(text)
-    page.get_by_test_id("send").click()
-    turns = wait_for(lambda: (t := stats(page, base)["turns"]) and len(t) > before and t, 10,
-                     message="the turn to finish")
-    answer_id = turns[-1]["messageId"]
-    until(page, "id => document.querySelector(`[data-message-id='${id}'] [data-testid=thumb-down]`)", answer_id)
-    return answer_id
-
-
 def test_memory_panel_meter_chart_pins_feedback_and_screenshot(make_live_app, app_settings, fake_llm,
                                                                 browser_page, redis_client):
     from app.compaction.service import run_compaction
 
     server = make_live_app(app_settings.with_overrides(compaction_strategy="extractive",
                                                        limits=MemoryLimits(recent_turns=2)))
-    fake_llm.default = lambda body: Reply(text=ANSWERS.get(body["messages"][-1]["content"], "Sure."),
+    fake_llm.default = lambda body: Reply(text=OFFSITE_ANSWERS.get(body["messages"][-1]["content"], "Sure."),
                                           first_token_delay=0.05, usage=None)
     page = browser_page
     base = server.url
@@ -71,8 +51,8 @@ def test_memory_panel_meter_chart_pins_feedback_and_screenshot(make_live_app, ap
     assert chart.inner_text().strip() == "No turns yet."
 
     # ---- a turn: the meter shows its prompt tokens against the budget, the chart one bar
-    texts = list(ANSWERS)
-    send(page, base, texts[0])
+    texts = list(OFFSITE_ANSWERS)
+    send_and_wait(page, base, texts[0])
     first = stats(page, base)["turns"][-1]
     until(page, "t => document.querySelector('#context-meter strong')?.textContent === t",
                            arg=f"{first['promptTokens']} / 7,168")
@@ -81,7 +61,7 @@ def test_memory_panel_meter_chart_pins_feedback_and_screenshot(make_live_app, ap
         ["system", "input"]
 
     # ---- a second turn: both update
-    send(page, base, texts[1])
+    send_and_wait(page, base, texts[1])
     second = stats(page, base)["turns"][-1]
     assert second["promptTokens"] > first["promptTokens"]
     until(page, "t => document.querySelector('#context-meter strong')?.textContent === t",
@@ -129,7 +109,7 @@ def test_memory_panel_meter_chart_pins_feedback_and_screenshot(make_live_app, ap
     assert entry["turn"]["sections"] == first["sections"]
 
     # ---- a third turn and a real compaction (folds the oldest turn): history and summary appear
-    send(page, base, texts[2])
+    send_and_wait(page, base, texts[2])
     services = server.app.extensions["chat"]
     with server.app.app_context():
         outcome = run_compaction(services, thread_id, services.store.load(thread_id).version)
@@ -137,7 +117,7 @@ def test_memory_panel_meter_chart_pins_feedback_and_screenshot(make_live_app, ap
     until(page, "() => document.querySelectorAll('#compactions li.compaction').length === 1")
     assert "applied" in page.locator("#compactions li.compaction").inner_text()
     until(page, "() => !document.getElementById('summary').classList.contains('muted')")
-    send(page, base, "Which of the two is cheaper?")
+    send_and_wait(page, base, "Which of the two is cheaper?")
     until(page, "() => document.querySelectorAll('#token-chart svg g.bar').length === 4")
     last = stats(page, base)["turns"][-1]
     assert last["sections"]["summary"] > 0 and last["sections"]["pins"] > 0

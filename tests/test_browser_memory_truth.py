@@ -24,7 +24,7 @@ from app.memory.state import Pin
 from app.settings import MemoryLimits
 from tests.fake_llm import Reply, split_tokens
 from tests.fixtures.streamed_chat import OUTPUT_DIR, ROOT
-from tests.test_browser_memory_panel import ANSWERS, send, until
+from tests.helpers.browser import OFFSITE_ANSWERS, send_and_wait, until
 
 pytestmark = pytest.mark.browser
 
@@ -48,14 +48,15 @@ def test_folded_turns_stay_and_a_reload_opens_on_the_summary(make_live_app, app_
 
     server = make_live_app(app_settings.with_overrides(compaction_strategy="extractive",
                                                        limits=MemoryLimits(recent_turns=2)))
-    fake_llm.default = lambda body: Reply(text=ANSWERS.get(body["messages"][-1]["content"], "Belém is cheaper."),
-                                          first_token_delay=0.05, usage=None)
+    fake_llm.default = lambda body: Reply(
+        text=OFFSITE_ANSWERS.get(body["messages"][-1]["content"], "Belém is cheaper."), first_token_delay=0.05,
+        usage=None)
     page, base = browser_page, server.url
     page.goto(base + "/")
     connected(page)
-    texts = list(ANSWERS)
+    texts = list(OFFSITE_ANSWERS)
     for text in texts:
-        send(page, base, text)
+        send_and_wait(page, base, text)
     thread_id = page.request.get(base + "/api/chat/thread").json()["threadId"]
 
     # ---- a compaction applies mid-conversation: nothing the person saw disappears
@@ -70,8 +71,8 @@ def test_folded_turns_stay_and_a_reload_opens_on_the_summary(make_live_app, app_
     assert services.store.set_pins_and_notes(thread_id, expected_gen=state.gen, pins=[Pin(PIN)], notes=[NOTE])
     assert services.store.record_compaction(thread_id, {"at": int(time.time() * 1000), "outcome": "stale",
                                                         "reason": "generation", "attempt": 0, "durationMs": 840}, 50)
-    send(page, base, "Which of the two is cheaper?")
-    sent = [(role, text) for q in texts for role, text in (("user", q), ("assistant", ANSWERS[q]))]
+    send_and_wait(page, base, "Which of the two is cheaper?")
+    sent = [(role, text) for q in texts for role, text in (("user", q), ("assistant", OFFSITE_ANSWERS[q]))]
     sent += [("user", "Which of the two is cheaper?"), ("assistant", "Belém is cheaper.")]
     assert shown(page) == [(r, t, "true" if i < folded else "") for i, (r, t) in enumerate(sent)]
     stored = page.request.get(base + "/api/chat/thread").json()["messages"]

@@ -10,7 +10,7 @@ import pytest
 
 from tests.fake_llm import Reply
 from tests.fixtures.streamed_chat import OUTPUT_DIR
-from tests.test_browser_chat import last_bot, send, wait_connected
+from tests.helpers.browser import last_bot, send, wait_connected
 
 pytestmark = pytest.mark.browser
 

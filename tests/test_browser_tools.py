@@ -9,7 +9,7 @@ import pytest
 
 from tests.fake_llm import Reply, split_tokens
 from tests.fixtures.streamed_chat import OUTPUT_DIR
-from tests.test_runtime_producers import has_tool_results
+from tests.helpers.tool_scripts import has_tool_results, script_tasklist
 
 pytestmark = pytest.mark.browser
 
@@ -68,8 +68,6 @@ def test_tool_card_shows_while_streaming_and_only_the_answer_survives_a_reload(b
 
 def test_paused_task_list_is_marked_unsaved_and_after_a_reload_only_goal_and_summary_remain(
         browser_page, live_app, fake_llm):
-    from tests.test_runtime_producers import script_tasklist
-
     page = browser_page
     script_tasklist(fake_llm, confirm=(1,), summary="The picnic plan is ready.")
     page.goto(live_app.url + "/")

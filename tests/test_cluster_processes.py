@@ -25,8 +25,8 @@ from app.store.redis_client import make_redis
 from tests.fake_llm import Reply
 from tests.fixtures.celery_worker import ANSWER_TAIL, history, user_text, wait_until
 from tests.fixtures.live_app import ChatClient, answer_text
+from tests.helpers.processes import PROCFILE, ROOT, prod_env, start, stop_group
 from tests.servers import free_ports, wait_http
-from tests.test_procfile import PROCFILE, ROOT, prod_env, start, stop_group
 
 ANSWER = {"summary": "They talked about small things.", "pinnedDecisions": []}
 # Long enough that folding one turn leaves room for the model's gist under the gain rule (README: A compaction):

@@ -9,54 +9,19 @@ release phase).  Each bad configuration must give exactly one stderr line,
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from app.settings import ConfigError, Settings, mask_url
 from app.startup import celery_command
+from tests.helpers.config_env import (PASSWORD, ROOT, SECRET, assert_config_error, celery, clean_env, import_wsgi,
+                                      production, run)
 from tests.servers import free_port, port_open, stop, wait_http
 
-ROOT = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent
-SECRET = "s" * 40
-PASSWORD = "hunter2-Pa55"  # must never appear in any output
 HINT = "(python -c 'import secrets; print(secrets.token_hex(32))')"
-OWN_PREFIXES = ("REDIS", "OPENAI", "SECRET_KEY", "FLOWER", "APP_ENV", "CHAT_MODEL", "COMPACTION_", "MEMORY_",
-                "PORT", "WEB_", "PROMETHEUS", "METRICS", "BUNDLED", "TOOLS", "REMAP", "CELERY_BROKER")
-
-
-def clean_env(**values: str) -> dict[str, str]:
-    """This process's environment without any of the app's variables, plus ``values``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(OWN_PREFIXES)}
-    env.update(PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", PYTHONUNBUFFERED="1")
-    env.update(values)
-    return env
-
-
-def production(redis_url: str, **values: str) -> dict[str, str]:
-    """A complete production environment (store, secret, provider) with ``values`` on top."""
-    base = {"APP_ENV": "production", "REDIS_URL": redis_url, "SECRET_KEY": SECRET, "OPENAI_API_KEY": "sk-test"}
-    base.update(values)
-    return clean_env(**{k: v for k, v in base.items() if v is not None})
-
-
-def run(args: list[str], env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-
-
-def import_wsgi(env: dict[str, str]) -> subprocess.CompletedProcess:
-    return run([sys.executable, "-c", "import wsgi"], env)
-
-
-def assert_config_error(result: subprocess.CompletedProcess, line: str) -> None:
-    """Exit status 3 and stderr exactly ``config error: <line>`` (one line, no traceback, no password)."""
-    assert (result.returncode, result.stderr) == (3, f"config error: {line}\n")
-    assert PASSWORD not in result.stdout + result.stderr
 
 
 # ------------------------------------------------------------------------------------------ units
@@ -251,10 +216,6 @@ def test_web_in_production_with_everything_set_imports(redis_url):
 
 
 # ------------------------------------------------------------------------------------------ Celery (celery_app.py)
-
-
-def celery(*args: str) -> list[str]:
-    return [str(BIN / "celery"), "-A", "celery_app", *args]
 
 
 def test_celery_inspect_with_an_unreachable_store():

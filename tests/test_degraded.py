@@ -9,13 +9,7 @@ import time
 import requests
 
 from tests.fixtures.live_app import ChatClient, answer_text
-
-LEAKY = ("Error", "error 111", "refused", "Connection", "Timeout", "redis", "Redis", "127.0.0.1", "Traceback")
-
-
-def assert_no_exception_text(raw: str):
-    for fragment in LEAKY:
-        assert fragment not in raw, fragment
+from tests.helpers.errors import assert_no_exception_text
 
 
 def empty_dto(thread_id: str) -> dict:

@@ -1,7 +1,7 @@
 """A model stream that ends before its answer is whole, against the app as deployed.
 
 The Procfile's ``web`` command (gunicorn, gevent) runs with a production environment
-(``tests.test_procfile``), its model a real HTTP server process (``tests/cut_model.py``) whose
+(``tests.helpers.processes``), its model a real HTTP server process (``tests/cut_model.py``) whose
 body ends when its connection closes.  An answer is whole only with ``data: [DONE]`` or a
 ``finish_reason`` (``app.llm.client.SSEStream``); a stream cut after a few pieces, or whose
 server process is killed mid-answer, ends the turn with ``error`` ``upstream_truncated`` and
@@ -26,9 +26,9 @@ from app.llm.client import CancelEvent, LLMClient, StreamStats
 from app.llm.provider import LLMError
 from tests.cut_model import pieces
 from tests.fixtures.live_app import ChatClient, answer_text, frame_kinds
+from tests.helpers.processes import prod_env, start, stop_group
 from tests.polling import wait_until
 from tests.servers import free_port, port_open, stop, wait_http
-from tests.test_procfile import prod_env, start, stop_group
 
 ROOT = Path(__file__).resolve().parent.parent
 TRUNCATED = ("upstream_truncated",

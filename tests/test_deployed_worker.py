@@ -1,7 +1,7 @@
 """The production ``Procfile`` worker as deployed: Celery's prefork pool with its default concurrency.
 
 Each test starts the Procfile's ``worker:`` command exactly as written (``bash -c``, own process
-group, production environment; ``tests.test_procfile``) against the test Redis and a real broker:
+group, production environment; ``tests.helpers.processes``) against the test Redis and a real broker:
 
 - a thread written in Chinese is compacted: the prefork children load jieba and the sentence
   segmenter themselves after the fork (``workers.tasks``), none inherits a lock held by a thread
@@ -26,8 +26,8 @@ import redis
 from app.store.keys import ThreadKeys
 from tests.fake_llm import Reply
 from tests.fixtures.celery_worker import commit_turn, history, seed_turns, thread_id_for, wait_until
+from tests.helpers.processes import PROCFILE, prod_env, start, stop_group
 from tests.servers import free_port, port_open
-from tests.test_procfile import PROCFILE, prod_env, start, stop_group
 
 ANSWER = {"summary": "They talked about where they live.", "pinnedDecisions": []}
 

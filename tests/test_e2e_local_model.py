@@ -35,6 +35,7 @@ import pytest
 import requests
 
 from tests.fixtures.live_app import ChatClient, answer_text
+from tests.helpers.processes import descendants
 from tests.polling import wait_until
 from tests.servers import free_ports, port_open
 
@@ -51,28 +52,6 @@ FIRST = ("Could you help me plan a relaxed weekend away with a few friends and g
          "usually easier between the big cities? Please keep all of that for later and start with something simple. "
          "What is the capital of France? Answer in one short sentence.")
 SECOND = "Name one colour of the French flag, in one word."
-
-
-def descendants(root: int) -> set[int]:
-    """Every live process under ``root`` (from /proc: ppid links), zombies excluded."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        if fields[0] != "Z":
-            children.setdefault(int(fields[1]), []).append(int(entry))
-    found, todo = set(), [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
 
 
 def lines_by_process(log: str) -> dict[str, list[str]]:

@@ -23,8 +23,8 @@ import pytest
 
 from scripts import local_model
 from tests.fixtures.live_app import ChatClient, answer_text
-from tests.test_model_health import start_model_server, stop_model_server
-from tests.test_e2e_local_model import free_ports
+from tests.helpers.model_server import start_model_server, stop_model_server
+from tests.servers import free_ports
 
 WORDS = {"a": "MARZIPANTO", "b": "QUILBERRY"}
 TURNS = [

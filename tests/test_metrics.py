@@ -208,7 +208,23 @@ def test_store_errors_are_counted_and_metrics_still_answer(make_live_app, app_se
     assert after.families["chat_compactions"].samples == []
 
 
-def test_worker_store_errors_reach_redis_even_after_an_outage(live_app, redis_client):
+@pytest.fixture
+def worker_sink_reset(own_redis):
+    """After the test, store errors are counted locally again and no count is left in memory from an outage.
+
+    Counts kept while Redis was unreachable go with the next write that succeeds: a compaction counted on a
+    throwaway Redis (``own_redis``) takes them, so a failed test cannot add them to a later one's figures.
+    """
+    yield
+    metrics.use_worker_sink(None)
+    scratch = own_redis.client()
+    try:
+        assert metrics.observe_compaction(scratch, {"outcome": "applied"})
+    finally:
+        scratch.close()
+
+
+def test_worker_store_errors_reach_redis_even_after_an_outage(live_app, redis_client, worker_sink_reset):
     dead_port = free_port()
     try:
         metrics.use_worker_sink(redis.Redis(port=dead_port, socket_connect_timeout=0.2, socket_timeout=0.2,
@@ -229,11 +245,18 @@ def test_a_celery_worker_process_sends_its_store_errors_to_redis(live_app, redis
     from celery.worker import WorkController
 
     try:
-        metrics.count_store_error("load")  # before: counted in this process only
+        # before: a store error is counted in this process's registry, nothing goes to Redis
+        before = scrape(live_app.url).value("chat_memory_store_errors_total", operation="load", process="web")
+        metrics.count_store_error("load")
+        assert scrape(live_app.url).value("chat_memory_store_errors_total", operation="load",
+                                          process="web") == before + 1
         assert redis_client.hget(WORKER_METRICS_KEY, "store_errors|load") is None
         WorkController(app=live_app.app.extensions["celery"], pool_cls="solo", concurrency=1)
+        # after: the worker's sink sends it to Redis, and the process's own counter stays as it was
         metrics.count_store_error("load")
         assert redis_client.hget(WORKER_METRICS_KEY, "store_errors|load") == "1"
+        assert scrape(live_app.url).value("chat_memory_store_errors_total", operation="load",
+                                          process="web") == before + 1
     finally:
         metrics.use_worker_sink(None)
 

@@ -8,22 +8,18 @@ on the same port: 503 ``"model": "down"`` while it is stopped, 200 ``"up"`` agai
 from __future__ import annotations
 
 import json
-import signal
 import socket
-import subprocess
-import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 import requests
 
 from app.llm import health
+from tests.helpers.model_server import start_model_server, stop_model_server
 from tests.polling import wait_until
-from tests.test_e2e_local_model import free_ports
+from tests.servers import free_ports
 
-ROOT = Path(__file__).resolve().parent.parent
 EXCEPTION_WORDS = ("Traceback", "Error", "refused", "Exception", "errno")
 
 
@@ -109,31 +105,10 @@ def test_status_is_cached_for_a_few_seconds():
 
 # -- /healthz with the real bundled model server --------------------------------------------------------------------
 
-def start_model_server(port: int, log: Path) -> subprocess.Popen:
-    """``scripts/model_server.py`` (the real llama.cpp server); returns once it passed its start check."""
-    out = open(log, "a")
-    proc = subprocess.Popen([sys.executable, "scripts/model_server.py", "--port", str(port)], cwd=ROOT,
-                            stdout=out, stderr=subprocess.STDOUT)
-    out.close()
-
-    def ready():
-        assert proc.poll() is None, log.read_text()[-3000:]
-        return log.read_text().count(f"ready at http://127.0.0.1:{port}/v1")
-
-    before = log.read_text().count(f"ready at http://127.0.0.1:{port}/v1") if log.exists() else 0
-    wait_until(lambda: ready() > before, 240, "the model server's start check", interval=0.25)
-    return proc
-
-
 def answer_with(url: str, status: int) -> tuple[requests.Response] | None:
     """``(response,)`` when ``GET url`` answers ``status`` (a Response of an error status is falsy itself)."""
     response = requests.get(url, timeout=10)
     return (response,) if response.status_code == status else None
-
-
-def stop_model_server(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(60) == 0
 
 
 @pytest.mark.slow

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.test_e2e_local_model import descendants, free_ports, port_open
+from tests.helpers.processes import descendants
+from tests.servers import free_ports, port_open
 
 ROOT = Path(__file__).resolve().parent.parent
 STANDIN = "tests.fixtures.standin_model_server"

@@ -18,56 +18,21 @@ production``, ``$PORT``, the test Redis, the fake LLM):
 
 from __future__ import annotations
 
-import os
 import re
 import signal
-import subprocess
 import time
-from pathlib import Path
 
 import pytest
 import requests
-from honcho.environ import parse_procfile
 
 from tests.fake_llm import Reply, words
 from tests.fixtures.celery_worker import history, raw_hash, seed_turns, thread_id_for
 from tests.fixtures.live_app import ChatClient, answer_text, frame_kinds
+from tests.helpers.config_env import PASSWORD
+from tests.helpers.processes import PROCFILE, prod_env, start, stop_group
 from tests.servers import free_port, wait_http
-from tests.test_config import PASSWORD, SECRET, clean_env
 
-ROOT = Path(__file__).resolve().parent.parent
-PROCFILE = parse_procfile((ROOT / "Procfile").read_text()).processes
 ANSWER = {"summary": "They talked about the numbers one and two.", "pinnedDecisions": ["Keep answers short"]}
-
-
-def prod_env(settings, **values: str) -> dict[str, str]:
-    """A production environment on the test Redis and the fake LLM."""
-    env = clean_env(APP_ENV="production", REDIS_URL=settings.redis_url, SECRET_KEY=SECRET,
-                    OPENAI_BASE_URL=settings.openai_base_url, OPENAI_API_KEY="test-key", CHAT_MODEL="fake-chat",
-                    COMPACTION_MODEL="fake-compact")
-    env.update(values)
-    return env
-
-
-def start(name: str, env: dict[str, str], log: Path) -> subprocess.Popen:
-    """Run the Procfile's ``name`` command as the platform does (``bash -c``, own process group)."""
-    with open(log, "w") as out:
-        return subprocess.Popen(["bash", "-c", PROCFILE[name]], cwd=ROOT, env=env, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def stop_group(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
-    """Send ``sig`` to the process group (as the platform does at a restart); return the exit code."""
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, sig)
-            return proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(5)
-        except ProcessLookupError:
-            pass
-    return proc.wait(5)
 
 
 def test_the_procfile_has_the_contract_process_types():

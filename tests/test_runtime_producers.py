@@ -18,7 +18,6 @@ import pytest
 
 from app.memory.final_turn import TRUNCATION_NOTICE
 from app.memory.hydration import find_forbidden_key
-from app.runtime import tasklist
 from app.runtime.resources import read_resource
 from app.runtime.run_store import RUN_TTL_SECONDS, RunStore
 from app.store.keys import ThreadKeys
@@ -26,51 +25,10 @@ from tests.fake_llm import Reply
 from tests.fixtures.live_app import ChatClient, answer_text, frame_kinds
 from tests.fixtures.runs import commit_recorded_final
 from tests.fixtures.streamed_chat import wait_for
+from tests.helpers.tool_scripts import (PLAN_ITEMS, has_tool_results, last_user, matching, only_run, planner,
+                                        run_keys, script_tasklist, stage, texts, worker_for)
 
 # ------------------------------------------------------------------------------------------ helpers
-
-
-def texts(client: ChatClient) -> list[tuple[str, str]]:
-    """The thread as ``(role, text)`` pairs, read through ``GET /api/chat/thread``."""
-    return [(m["role"], m["text"]) for m in client.thread()["messages"]]
-
-
-def system_text(body: dict) -> str:
-    return "\n".join(m.get("content") or "" for m in body.get("messages", []) if m.get("role") == "system")
-
-
-def last_user(body: dict) -> str:
-    return next((m.get("content") or "" for m in reversed(body.get("messages", [])) if m.get("role") == "user"), "")
-
-
-def has_tool_results(body: dict) -> bool:
-    return any(m.get("role") == "tool" for m in body.get("messages", []))
-
-
-def stage(marker: str):
-    """A fake-LLM rule predicate: the request's system messages contain ``marker``."""
-    return lambda body: marker in system_text(body)
-
-
-def planner(body):
-    return stage("Plan the person's goal")(body)
-
-
-def worker_for(task_no: int):
-    return lambda body: stage("working through a task list")(body) and f"Current task ({task_no} of" in last_user(body)
-
-
-def finisher(body):
-    return stage("task list for the person's goal is finished")(body)
-
-
-def blocker(body):
-    return stage("task list for the person's goal stopped")(body)
-
-
-def matching(fake_llm, predicate) -> list:
-    """The chat requests whose body satisfies ``predicate``, oldest first."""
-    return [r for r in fake_llm.chat_requests() if predicate(r.body)]
 
 
 def frames_of(frames: list[dict], kind: str) -> list[dict]:
@@ -99,17 +57,6 @@ def assert_clean(client: ChatClient, fake_llm, forbidden_strings: list[str], *, 
     assert [(m["role"], m["content"]) for m in prompt if m["role"] != "system"] == [
         (m["role"], m["text"]) for m in dto["messages"]] + [("user", "next question")]
     return dto
-
-
-def run_keys(redis_client, thread_id: str) -> list[str]:
-    tag = ThreadKeys(thread_id).tag
-    return sorted(k for k in redis_client.keys("run:*") if k.startswith(f"run:{tag}:r_"))
-
-
-def only_run(redis_client, thread_id: str):
-    keys = run_keys(redis_client, thread_id)
-    assert len(keys) == 1, keys
-    return RunStore(redis_client, thread_id).load(keys[0].rsplit(":", 1)[1])
 
 
 # ------------------------------------------------------------------------------------------ plain chat and tools
@@ -249,19 +196,6 @@ def test_cancelled_tool_turn_stores_nothing(chat, fake_llm):
 
 
 # ------------------------------------------------------------------------------------------ task list
-
-PLAN_ITEMS = ["Pick the park PLANITEM-ALPHA", "List the food PLANITEM-BRAVO"]
-
-
-def script_tasklist(fake_llm, *, items=PLAN_ITEMS, confirm=(), second="done", summary="Your picnic is planned."):
-    fake_llm.add_rule(Reply(json={"tasks": [{"title": t, "needsConfirmation": i in confirm}
-                                            for i, t in enumerate(items)]}), when=planner)
-    for n in range(1, len(items) + 1):
-        status = second if n == 2 else "done"
-        output = "OUTPUT-%d: no budget was given" % n if status == "blocked" else "OUTPUT-%d finished" % n
-        fake_llm.add_rule(Reply(json={"status": status, "output": output}), when=worker_for(n))
-    fake_llm.add_rule(Reply(text=summary), when=finisher)
-    fake_llm.add_rule(Reply(text="I could not finish: the budget is missing."), when=blocker)
 
 
 def test_tasklist_final_stores_the_goal_and_the_summary(chat, fake_llm, redis_client):
@@ -508,15 +442,15 @@ def test_run_and_turn_runner_both_writing_store_the_turn_once(chat, fake_llm, re
 def test_agent_writing_before_the_turn_runner_is_deduplicated(chat, fake_llm, live_app, monkeypatch):
     """The task-list agent commits its own completion first; the turn runner's commit then adds nothing."""
     services = live_app.app.extensions["chat"]
-    original = tasklist.TaskListProducer._finish
+    original = RunStore.finish
 
-    def finish_and_write(self, io, store, run, status):
-        result = original(self, io, store, run, status)
-        first = commit_recorded_final(services, io.thread_id, run.id)
-        assert first.appended is True
-        return result
+    def finish_and_write(self, run, **final):
+        original(self, run, **final)  # the run records its final turn, then the agent writes it at once
+        if run.kind == "tasklist":
+            first = commit_recorded_final(services, self.keys.thread_id, run.id)
+            assert first.appended is True
 
-    monkeypatch.setattr(tasklist.TaskListProducer, "_finish", finish_and_write)
+    monkeypatch.setattr(RunStore, "finish", finish_and_write)
     script_tasklist(fake_llm)
     frames = chat.turn("/tasklist Plan a picnic for Saturday", message_id="goal-1")
     assert frames[-1]["status"] == "completed"

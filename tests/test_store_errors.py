@@ -17,7 +17,7 @@ from app.store.thread_store import StoreUnavailable, ThreadStore
 from tests.fixtures.live_app import ChatClient
 from tests.fixtures.own_redis import own_redis  # noqa: F401  (fixture)
 from tests.fixtures.redis_proxy import cutting_proxy  # noqa: F401  (fixture)
-from tests.test_degraded import assert_no_exception_text
+from tests.helpers.errors import assert_no_exception_text
 
 THREAD = "chat:" + "cd" * 32
 
