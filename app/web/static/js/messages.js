@@ -108,7 +108,7 @@ export function bubbleParts(article) {
  * @param {HTMLElement} [button]
  */
 export async function copyText(text, button) {
-  let ok = false;
+  let ok;
   try {
     await navigator.clipboard.writeText(text);
     ok = true;
