@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 LOCAL_STAMP := $(VENV)/.installed-local
 
-.PHONY: run test test-fast install model bench replay clean
+.PHONY: run test test-fast lint-js install model bench replay clean
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -32,6 +32,12 @@ test: model
 # The fast lane: no browser, no whole-process or bundled-model tests (tests/fixtures/lanes.py).
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow and not browser"
+
+# The chat page's ES modules: eslint, then their node unit tests (tests/js).
+lint-js:
+	npm ci --no-audit --no-fund
+	npx eslint app/web/static/js
+	node --test tests/js/
 
 bench: $(STAMP)
 	$(BIN)/python bench/hot_path.py

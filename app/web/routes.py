@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import mimetypes
 import time
 
 import redis
@@ -18,6 +19,9 @@ from app.store.thread_store import CorruptState, StoreUnavailable
 from app.web.responses import guarded_json, store_unavailable
 
 log = logging.getLogger(__name__)
+# The page's scripts are ES modules (static/js/), which browsers refuse unless served as JavaScript;
+# some systems' MIME tables map .js otherwise.
+mimetypes.add_type("text/javascript", ".js")
 bp = Blueprint("web", __name__, static_folder="static", template_folder="templates",
                static_url_path="/static")
 

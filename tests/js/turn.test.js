@@ -1,0 +1,85 @@
+// Frame handling decisions of app/web/static/js/turn.js (docs/contract.md: WebSocket `/ws/chat`).
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import {
+  doneDecision, doneEndsTurn, endKind, errorDecision, parseFrame, progressStage, toolInfo, WAIT_NOTICE_MS,
+  waitingInfo, waitingText,
+} from "../../app/web/static/js/turn.js";
+
+const turn = (over = {}) => ({ messageId: "m1", started: true, answer: "", sentAt: 10_000, ...over });
+
+test("parseFrame keeps JSON objects of known types and drops the rest", () => {
+  assert.deepEqual(parseFrame('{"type":"delta","text":"hi"}'), { type: "delta", text: "hi" });
+  assert.equal(parseFrame('{"type":"mystery"}'), null);
+  assert.equal(parseFrame("not json"), null);
+  assert.equal(parseFrame("[1,2]"), null);
+  assert.equal(parseFrame("null"), null);
+  assert.equal(parseFrame('"start"'), null);
+  assert.equal(parseFrame(new ArrayBuffer(2)), null);
+});
+
+test("done ends the turn in flight unless it names another message", () => {
+  assert.equal(doneEndsTurn({ type: "done", messageId: "m1" }, turn()), true);
+  assert.equal(doneEndsTurn({ type: "done" }, turn()), true);
+  assert.equal(doneEndsTurn({ type: "done", messageId: "m2" }, turn({ messageId: "" })), true);
+  assert.equal(doneEndsTurn({ type: "done", messageId: "m2" }, turn()), false);
+  assert.equal(doneEndsTurn({ type: "done", messageId: "m1" }, null), false);
+});
+
+test("a written done reloads the conversation; anything else only the panel", () => {
+  assert.deepEqual(doneDecision({ type: "done", status: "completed", messageId: "m1" }, turn()),
+    { end: "completed", unsaved: "", reload: "thread" });
+  assert.deepEqual(doneDecision({ type: "done", status: "blocked", messageId: "m1" }, turn()),
+    { end: "blocked", unsaved: "", reload: "thread" });
+  assert.deepEqual(doneDecision({ type: "done", status: "completed", saved: false, reason: "thread_cleared" }, turn()),
+    { end: "completed", unsaved: "thread_cleared", reload: "memory" });
+  assert.deepEqual(doneDecision({ type: "done", status: "cancelled" }, turn()),
+    { end: "cancelled", unsaved: "", reload: "memory" });
+  assert.deepEqual(doneDecision({ type: "done", status: "weird" }, turn()),
+    { end: "failed", unsaved: "", reload: "memory" });
+  assert.deepEqual(doneDecision({ type: "done", status: "completed", messageId: "other" }, turn()),
+    { end: null, unsaved: "", reload: "thread" });
+  assert.deepEqual(doneDecision({ type: "done", status: "completed" }, null),
+    { end: null, unsaved: "", reload: "thread" });
+});
+
+test("an error before start rejects the turn; model errors check health", () => {
+  assert.deepEqual(errorDecision({ type: "error", code: "input_too_long", message: "Too long." }, turn({ started: false })),
+    { message: "Too long.", reject: true, checkModel: false });
+  assert.deepEqual(errorDecision({ type: "error", code: "llm_unavailable", message: "" }, turn()),
+    { message: "Something went wrong.", reject: false, checkModel: true });
+  assert.deepEqual(errorDecision({ type: "error", code: "upstream_truncated" }, null),
+    { message: "Something went wrong.", reject: false, checkModel: true });
+});
+
+test("the waiting note: due after WAIT_NOTICE_MS, at once when the server said why, never with text", () => {
+  assert.equal(WAIT_NOTICE_MS, 1500);
+  assert.equal(waitingText(turn(), 10_000 + 1499), null);
+  assert.equal(waitingText(turn(), 10_000 + 1500), "waiting for the model… 1 s");
+  assert.equal(waitingText(turn(), 10_000 + 4999), "waiting for the model… 4 s");
+  const busy = turn({ ...waitingInfo({ type: "waiting", for: "model_busy", message: "ignored" }) });
+  assert.equal(busy.waitFor, "model_busy");
+  assert.equal(waitingText(busy, 10_200), "waiting for the model… 0 s — it is answering another message first");
+  assert.equal(waitingText(turn({ answer: "Hel" }), 20_000), null);
+  assert.deepEqual(waitingInfo({ type: "waiting", message: "queue" }), { waitFor: "model", waitReason: "queue" });
+});
+
+test("tool frames: name, status, call id and the card's words", () => {
+  assert.deepEqual(toolInfo({ type: "tool", name: "search", status: "started", id: 7 }),
+    { name: "search", status: "started", callId: "7", label: "running…" });
+  assert.deepEqual(toolInfo({ type: "tool", status: "finished", callId: "c1" }),
+    { name: "tool", status: "finished", callId: "c1", label: "done" });
+  assert.deepEqual(toolInfo({ type: "tool", name: "calc", status: "errored" }),
+    { name: "calc", status: "errored", callId: "", label: "errored" });
+  assert.deepEqual(toolInfo({ type: "tool", name: "" }), { name: "tool", status: "started", callId: "", label: "running…" });
+});
+
+test("progress stages and how a turn is shown at its end", () => {
+  assert.equal(progressStage({ stage: "recall" }), "recall");
+  assert.equal(progressStage({ stage: "" }), "working");
+  assert.equal(progressStage({}), "working");
+  assert.equal(endKind("completed", ""), "kept");
+  assert.equal(endKind("blocked", "store_unavailable"), "unsaved");
+  assert.equal(endKind("cancelled", ""), "unkept");
+  assert.equal(endKind("failed", "thread_cleared"), "unkept");
+});
