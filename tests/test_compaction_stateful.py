@@ -118,6 +118,7 @@ def make_machine(services, script: FakeModelScript):
         def finish_a_compaction(self, data, mode):
             prepared = self.pending.pop(data.draw(st.integers(0, len(self.pending) - 1)))
             script.mode = mode
+            calls = script.calls
             try:
                 result = produce(services, prepared)
             except NoGain:
@@ -127,7 +128,10 @@ def make_machine(services, script: FakeModelScript):
                 assert mode in {"rate_limited", "extra_keys"}
                 SEEN["failed"] += 1
                 return  # a failure writes nothing
-            assert mode in {"ok", "long_pins", "over_limit"}  # an answer over a limit: folded without it
+            # the model was not asked (no room for a gist, or the turns do not fit its prompt): folded without it
+            asked = script.calls > calls
+            assert not asked or mode in {"ok", "long_pins", "over_limit"}  # an answer over a limit: folded without it
+            assert asked or result.strategy == "extractive"
             self._commit(prepared, result)
 
         @precondition(lambda self: self.finished)
