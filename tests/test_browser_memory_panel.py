@@ -20,17 +20,6 @@ from tests.helpers.browser import OFFSITE_ANSWERS, send_and_wait, stats, until
 
 pytestmark = pytest.mark.browser
 
-OFFSITE_ANSWERS = {
-    "We are planning a team offsite in Lisbon for 12 people.":
-        "Great: **Lisbon**, 12 people. Do you have dates and a budget in mind? Spring and early summer are "
-        "pleasant there, the city is walkable, and a group of that size fits most workshop venues, so the "
-        "main choices are the dates, the budget per person and whether you want to stay near the river.",
-    "Dates are 3 to 5 June, and the budget is 9000 EUR.":
-        "Noted: 3–5 June, 9000 EUR in total, so about 750 EUR per person.",
-    "Find us a venue near the river, with a room for workshops.":
-        "Look at venues in **Belém** or Cais do Sodré: both are by the river and rent workshop rooms.",
-}
-
 
 def test_memory_panel_meter_chart_pins_feedback_and_screenshot(make_live_app, app_settings, fake_llm,
                                                                 browser_page, redis_client):

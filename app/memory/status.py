@@ -17,9 +17,23 @@ accounting records, so ``TurnStatus.FINAL == "final"`` and JSON or Redis see the
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Self
 
 
-class TurnStatus(StrEnum):
+class Vocabulary(StrEnum):
+    """A ``str`` enum of words kept in Redis and sent on the wire (``TurnStatus``, the compaction
+    ``Reason``): a member equals its plain string."""
+
+    @classmethod
+    def parse(cls, value) -> Self | None:
+        """The member whose value is ``value`` (a ``str``), or None for anything else (never raises)."""
+        try:
+            return cls(value)
+        except (ValueError, TypeError):
+            return None
+
+
+class TurnStatus(Vocabulary):
     """A producer's final status, a turn's outcome, or a finished run's status."""
 
     COMPLETED = "completed"
@@ -39,14 +53,6 @@ class TurnStatus(StrEnum):
     def done_status(self) -> "TurnStatus":
         """The status the ``done`` frame carries: ``final`` is told as ``completed``, every other as itself."""
         return TurnStatus.COMPLETED if self is TurnStatus.FINAL else self
-
-    @classmethod
-    def parse(cls, value) -> "TurnStatus | None":
-        """The member whose value is ``value`` (a ``str``), or None for anything else."""
-        try:
-            return cls(value)
-        except (ValueError, TypeError):
-            return None
 
 
 _WRITTEN = frozenset({TurnStatus.COMPLETED, TurnStatus.FINAL, TurnStatus.BLOCKED})

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+from app.memory.status import Vocabulary
+
 
 class Outcome(StrEnum):
     """How one compaction attempt ended."""
@@ -27,7 +29,7 @@ class Outcome(StrEnum):
     """No compaction was due, or the fold would free too little."""
 
 
-class Reason(StrEnum):
+class Reason(Vocabulary):
     """Why an attempt was skipped, stale or failed."""
 
     # skipped
@@ -48,14 +50,6 @@ class Reason(StrEnum):
     CORRUPT = "corrupt"
     FACT_GUARD = "fact_guard"
     INTERNAL = "internal"
-
-    @classmethod
-    def parse(cls, value) -> "Reason | None":
-        """The member whose value is ``value`` (a ``str``), or None for anything else."""
-        try:
-            return cls(value)
-        except (ValueError, TypeError):
-            return None
 
 
 def reason_of(value: str) -> "Reason | str":
