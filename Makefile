@@ -29,9 +29,10 @@ run: model
 test: model
 	$(BIN)/python -m pytest
 
-# The fast lane: no browser, no whole-process or bundled-model tests (tests/fixtures/lanes.py).
+# The fast lane: no browser, no whole-process or bundled-model tests (tests/fixtures/lanes.py), one
+# pytest-xdist worker per core, each with its own embedded store (tests/fixtures/redis_server.py).
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -m "not slow and not browser"
+	$(BIN)/python -m pytest -m "not slow and not browser" -n auto
 
 # The chat page's ES modules: eslint, then their node unit tests (tests/js).
 lint-js:

@@ -81,6 +81,7 @@ def swap_facts(sentence: str, latin: str, chinese: str) -> str:
     return sentence
 
 
+@pytest.mark.slow  # about 14 s each: every sentence of the data, twice
 @pytest.mark.parametrize("latin, chinese", [("blick", "东西"), ("vorpal", "那里")])
 def test_a_sentences_fate_never_depends_on_its_names_numbers_or_dates(latin, chinese):
     changed = 0
@@ -92,6 +93,7 @@ def test_a_sentences_fate_never_depends_on_its_names_numbers_or_dates(latin, chi
     assert changed > 1500  # the swap touched many sentences of both languages
 
 
+@pytest.mark.slow  # about 7 s: reads every sentence of the data
 def test_statements_without_any_fact_are_kept_word_for_word():
     # what the old detectors could not see: sentences of the data in which the fact guard finds nothing
     plain = [s for s in english_sentences() + chinese_sentences()

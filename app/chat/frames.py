@@ -1,57 +1,23 @@
 """Client frames of ``/ws/chat``: parsing and validation (docs/contract.md: WebSocket).
 
 Every bad frame gives a ``FrameError`` with an error code of the contract and a
-message for people; the connection stays usable.
+message for people; the connection stays usable.  A message frame's fields are checked by
+``MessageFrameSchema`` (marshmallow, ``app.chat.client_input``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
-import orjson
+from marshmallow import validates
 
-from app.memory.schemas import MESSAGE_ID_RE
+from app.chat.client_input import (INVALID_TEXT, ClientRefused, ClientSchema, JSONRefused, Refusal, check,
+                                   client_text, load_client, loads_client_json, message_id, refuse, storable)
 
-# The most nested a client's JSON may be: orjson's own bound (it refuses deeper input without
-# recursing in Python, so no RecursionError whatever the nesting).
-MAX_JSON_DEPTH = 1024
-INVALID_TEXT_MESSAGE = "That text contains characters that can't be stored (a NUL or a broken character)."
-
-
-class JSONRefused(ValueError):
-    """Client JSON was refused: ``code`` is ``invalid_json`` or ``invalid_text`` (unpaired surrogate escape)."""
-
-    def __init__(self, code: str):
-        super().__init__(code)
-        self.code = code
-
-
-def loads_client_json(data: str | bytes):
-    """Parse JSON a client sent (a websocket frame, an HTTP body) with orjson.
-
-    Nesting is bounded by orjson (``MAX_JSON_DEPTH`` levels); an escape of an unpaired UTF-16
-    surrogate (``"\\ud800"``) is refused, since such text can never be stored or sent.
-
-    Raises:
-        JSONRefused: ``invalid_text`` for an unpaired surrogate, ``invalid_json`` for anything else
-            that is not JSON (including bytes that are not UTF-8 and nesting deeper than the bound).
-    """
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
-        # orjson names the surrogate problem in its message; only the category leaves this function
-        raise JSONRefused("invalid_text" if "surrogate" in str(exc) else "invalid_json") from None
-
-
-def text_is_storable(text: str) -> bool:
-    """False when ``text`` holds a NUL character or an unpaired surrogate (not storable, not sendable)."""
-    if "\x00" in text:
-        return False
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+EMPTY_INPUT = Refusal("empty_input", "Please type a message first.")
+INVALID_ID = Refusal("invalid_id", "The message id must be 1-128 letters, digits, '-', '_', '.' or ':'.")
+NOT_READABLE = Refusal("invalid_json", "That message could not be read.")
 
 
 class FrameError(ValueError):
@@ -97,7 +63,7 @@ def parse_frame(data, *, max_input_chars: int):
         frame = loads_client_json(data)
     except JSONRefused as exc:
         if exc.code == "invalid_text":
-            raise FrameError("invalid_text", INVALID_TEXT_MESSAGE) from None
+            raise FrameError(INVALID_TEXT.code, INVALID_TEXT.message) from None
         raise FrameError("invalid_json", "That message was not valid JSON.") from None
     if not isinstance(frame, dict):
         raise FrameError("invalid_json", "A message must be a JSON object.")
@@ -106,15 +72,35 @@ def parse_frame(data, *, max_input_chars: int):
         return CancelFrame()
     if kind != "message":
         raise FrameError("unknown_type", "Unknown message type.")
-    text = frame.get("text")
-    if not isinstance(text, str) or not text.strip():
-        raise FrameError("empty_input", "Please type a message first.")
-    text = text.strip()
-    if not text_is_storable(text):
-        raise FrameError("invalid_text", INVALID_TEXT_MESSAGE)
-    if len(text) > max_input_chars:
-        raise FrameError("input_too_long", f"Messages are limited to {max_input_chars} characters.")
-    client_id = frame.get("id")
-    if client_id is not None and (not isinstance(client_id, str) or not MESSAGE_ID_RE.match(client_id)):
-        raise FrameError("invalid_id", "The message id must be 1-128 letters, digits, '-', '_', '.' or ':'.")
-    return MessageFrame(text, client_id)
+    try:
+        fields = load_client_frame(frame, max_input_chars)
+    except ClientRefused as refused:
+        raise FrameError(refused.code, refused.message) from None
+    return MessageFrame(fields["text"].strip(), fields["id"])
+
+
+class MessageFrameSchema(ClientSchema):
+    """The fields of ``{"type":"message","id"?,"text"}``: the text not blank, storable and at most
+    ``max_input_chars`` characters once trimmed; the id a message id, null or absent."""
+
+    text = client_text(EMPTY_INPUT, check(lambda text: bool(text.strip()), EMPTY_INPUT), storable, required=True)
+    id = message_id(INVALID_ID, load_default=None, allow_none=True)
+
+    def __init__(self, *, max_input_chars: int, **kwargs):
+        self.max_input_chars = max_input_chars
+        super().__init__(**kwargs)
+
+    @validates("text")
+    def _length(self, text: str, **kwargs) -> None:
+        if len(text.strip()) > self.max_input_chars:
+            raise refuse(Refusal("input_too_long", f"Messages are limited to {self.max_input_chars} characters."))
+
+
+@lru_cache(maxsize=8)
+def _frame_schema(max_input_chars: int) -> MessageFrameSchema:
+    return MessageFrameSchema(max_input_chars=max_input_chars)
+
+
+def load_client_frame(frame: dict, max_input_chars: int) -> dict:
+    """A message frame's ``{"text", "id"}`` (text as sent, id or None); ``ClientRefused`` when refused."""
+    return load_client(_frame_schema(max_input_chars), frame, NOT_READABLE)

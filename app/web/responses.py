@@ -6,19 +6,16 @@ programs, ``message`` for people, and neither ever carries exception text
 message)`` or raises ``ApiError`` from any depth; Flask's own HTTP errors (404,
 405, 413, an unhandled exception's 500, a refused websocket handshake's 403)
 get the same shape from the handlers ``register_errorhandlers`` installs.
-``require_json_object`` reads the JSON object a POST must send, or answers 400;
-``require_storable`` refuses text with a NUL or an unpaired surrogate (400 ``invalid_text``,
-as the websocket's error frame of the same code).
+Request bodies are read by ``app.web.bodies``.
 """
 
 from __future__ import annotations
 
 import logging
 
-from flask import Flask, Response, jsonify, request
+from flask import Flask, Response, jsonify
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
-from app.chat.frames import INVALID_TEXT_MESSAGE, JSONRefused, loads_client_json, text_is_storable
 from app.memory.hydration import ForbiddenKeyError, assert_no_forbidden_keys
 
 log = logging.getLogger(__name__)
@@ -75,34 +72,6 @@ def guarded_json(payload: dict, status: int = 200) -> tuple[Response, int]:
         log.error("response blocked: forbidden key at %s", exc.path)
         return error_response(500, *INTERNAL), 500
     return jsonify(payload), status
-
-
-def require_json_object(hint: str) -> dict:
-    """The request's body as a JSON object (``Content-Type: application/json``), parsed by
-    ``app.chat.frames.loads_client_json`` (orjson: nesting bounded, no recursion).
-
-    Raises:
-        ApiError: 400 ``invalid_text`` when a string escapes an unpaired surrogate; 400
-            ``bad_request`` saying ``hint`` for anything else that is not a JSON object.
-    """
-    if not request.is_json:
-        raise ApiError(400, "bad_request", hint)
-    try:
-        body = loads_client_json(request.get_data(cache=True))
-    except JSONRefused as exc:
-        if exc.code == "invalid_text":
-            raise ApiError(400, "invalid_text", INVALID_TEXT_MESSAGE) from None
-        raise ApiError(400, "bad_request", hint) from None
-    if not isinstance(body, dict):
-        raise ApiError(400, "bad_request", hint)
-    return body
-
-
-def require_storable(text: str) -> str:
-    """``text`` unchanged; ``ApiError`` 400 ``invalid_text`` when it holds a NUL or an unpaired surrogate."""
-    if not text_is_storable(text):
-        raise ApiError(400, "invalid_text", INVALID_TEXT_MESSAGE)
-    return text
 
 
 def _api_error(error: ApiError) -> Response:

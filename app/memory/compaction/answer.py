@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from app.memory.compaction.facts import extract_facts, fact_present
 from app.memory.compaction.prompt import GIST_MAX_CHARS, NOTES_PER_COMPACTION
 
+
 class AnswerProblem(StrEnum):
     """Why a compaction answer is not accepted (``InvalidCompactionOutput.kind``; logged, never stored)."""
 

@@ -9,37 +9,21 @@ from flask import Blueprint
 
 from app.extensions import services
 from app.identity import current_thread_id
-from app.memory.schemas import MESSAGE_ID_RE
 from app.memory.status import writes_memory
 from app.observability import accounting, feedback, metrics
 from app.store.thread_store import CorruptState, StoreUnavailable
-from app.web.responses import MEMORY_UNREADABLE, ApiError, error_response, guarded_json, require_json_object, require_storable, store_unavailable
+from app.web.bodies import FEEDBACK_BODY, load_body
+from app.web.responses import MEMORY_UNREADABLE, ApiError, error_response, guarded_json, store_unavailable
 
 log = logging.getLogger(__name__)
 bp = Blueprint("feedback", __name__)
 
 
-def _rating(body: dict) -> tuple[str, str, str | None]:
-    """``(message id, rating, reason or None)`` from a request body; ``ApiError`` 400 when malformed."""
-    message_id, rating, reason = body.get("messageId"), body.get("rating"), body.get("reason")
-    if not isinstance(message_id, str) or not MESSAGE_ID_RE.match(message_id):
-        raise ApiError(400, "bad_request", "That message id is not valid.")
-    if rating not in feedback.RATINGS:
-        raise ApiError(400, "bad_request", 'The rating must be "up" or "down".')
-    if reason is not None and not isinstance(reason, str):
-        raise ApiError(400, "bad_request", "The reason must be text.")
-    if reason is not None:
-        require_storable(reason)
-    reason = (reason or "").strip() or None
-    if reason and len(reason) > feedback.MAX_REASON_CHARS:
-        raise ApiError(400, "reason_too_long", f"The reason can be at most {feedback.MAX_REASON_CHARS} characters.")
-    return message_id, rating, reason
-
-
 @bp.post("/api/chat/feedback")
 def post_feedback():
     """Rate an assistant message of the caller's thread (in memory, or written by a finished turn)."""
-    message_id, rating, reason = _rating(require_json_object('Send a JSON object with "messageId" and "rating".'))
+    body = load_body(FEEDBACK_BODY, 'Send a JSON object with "messageId" and "rating".')
+    message_id, rating, reason = body["messageId"], body["rating"], body["reason"]
     thread_id = current_thread_id()
     svc = services()
     try:

@@ -22,13 +22,13 @@ from app.identity import current_thread_id
 from app.memory.compaction import normalize_pin
 from app.memory.context import PINS_MAX_PROMPT_SHARE, pins_prompt_tokens
 from app.memory.limits import MemoryLimits
-from app.memory.schemas import MESSAGE_ID_RE
 from app.memory.state import PINNED_BY_PERSON, Pin, ThreadState
 from app.memory.text import cut_at_word
 from app.memory.tokens import TokenCounter
 from app.observability import metrics
 from app.store.thread_store import CorruptState, StoreUnavailable
-from app.web.responses import MEMORY_UNREADABLE, STORE_UNAVAILABLE, ApiError, guarded_json, require_json_object, require_storable
+from app.web.bodies import clean_pin_text, load_body, pin_body
+from app.web.responses import MEMORY_UNREADABLE, STORE_UNAVAILABLE, ApiError, guarded_json
 
 log = logging.getLogger(__name__)
 bp = Blueprint("pins", __name__)
@@ -36,32 +36,14 @@ bp = Blueprint("pins", __name__)
 PIN_WRITE_ATTEMPTS = 5
 
 
-def clean_pin_text(text: str) -> str:
-    """A pin's text: whitespace runs collapsed to one space, trimmed."""
-    return " ".join(text.split())
-
-
 def _pin_text(body: dict, state: ThreadState, limits: MemoryLimits) -> str:
-    """The text to pin from a request body (typed text, or a stored message's text)."""
-    text, message_id = body.get("text"), body.get("messageId")
-    if (text is None) == (message_id is None):
-        raise ApiError(400, "bad_request", 'Send either "text" or "messageId".')
-    if message_id is not None:
-        if not isinstance(message_id, str) or not MESSAGE_ID_RE.match(message_id):
-            raise ApiError(400, "bad_request", "That message id is not valid.")
-        message = next((m for m in state.messages if m.id == message_id), None)
-        if message is None:
-            raise ApiError(404, "unknown_message", "That message is no longer in memory, so it can't be pinned.")
-        return cut_at_word(clean_pin_text(message.text), limits.pinned_max_chars, mark="…", strip=" ,;:-")
-    if not isinstance(text, str):
-        raise ApiError(400, "bad_request", "The pin text must be a string.")
-    text = clean_pin_text(require_storable(text))
-    if not text:
-        raise ApiError(400, "empty_pin", "Type the decision to pin first.")
-    if len(text) > limits.pinned_max_chars:
-        raise ApiError(400, "pin_too_long",
-                       f"A pin can be at most {limits.pinned_max_chars} characters (this one has {len(text)}).")
-    return text
+    """The text to pin from a loaded ``PinBody``: the typed text, or a stored message's text cut at a word."""
+    if "text" in body:
+        return body["text"]
+    message = next((m for m in state.messages if m.id == body["messageId"]), None)
+    if message is None:
+        raise ApiError(404, "unknown_message", "That message is no longer in memory, so it can't be pinned.")
+    return cut_at_word(clean_pin_text(message.text), limits.pinned_max_chars, mark="…", strip=" ,;:-")
 
 
 def _with_new_pin(state: ThreadState, text: str, limits: MemoryLimits, *, counter: TokenCounter,
@@ -173,9 +155,9 @@ def _pins_max_tokens() -> int:
 @bp.post("/api/chat/pins")
 def add_pin():
     """Pin a decision by the person: typed text, or a stored message's text.  201 ``{"pinnedDecisions"}``."""
-    body = require_json_object('Send a JSON object with "text" or "messageId".')
     svc = services()
     limits = svc.settings.limits
+    body = load_body(pin_body(limits.pinned_max_chars), 'Send a JSON object with "text" or "messageId".')
     state = _change("pin", lambda state: (_with_new_pin(state, _pin_text(body, state, limits), limits,
                                                         counter=svc.counter, max_tokens=_pins_max_tokens()), None))
     return guarded_json({"pinnedDecisions": state.pinned_decisions}, 201)
