@@ -111,6 +111,7 @@ def test_metrics_parse_and_move_with_a_turn_a_feedback_and_a_pin(chat, fake_llm)
     assert post(chat, "/api/chat/feedback", {"messageId": answer_id, "rating": "up"}).status_code == 201
     assert post(chat, "/api/chat/pins", {"text": "Answer in five tokens"}).status_code == 201
     assert post(chat, "/api/chat/pins", {"text": "answer in five tokens."}).status_code == 409
+    assert post(chat, "/api/chat/pins", {"text": "   "}).status_code == 400
     assert chat.http.delete(base + "/api/chat/pins/1", timeout=10).status_code == 200
     after = scrape(base)
     moved = {
@@ -118,6 +119,7 @@ def test_metrics_parse_and_move_with_a_turn_a_feedback_and_a_pin(chat, fake_llm)
         ("chat_feedback_total", (("rating", "up"), ("reason", "none"))): 1,
         ("chat_pin_requests_total", (("action", "pin"), ("result", "ok"))): 1,
         ("chat_pin_requests_total", (("action", "pin"), ("result", "already_pinned"))): 1,
+        ("chat_pin_requests_total", (("action", "pin"), ("result", "empty_pin"))): 1,
         ("chat_pin_requests_total", (("action", "unpin"), ("result", "ok"))): 1,
     }
     for (name, labels), delta in moved.items():

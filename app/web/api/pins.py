@@ -157,7 +157,11 @@ def add_pin():
     """Pin a decision by the person: typed text, or a stored message's text.  201 ``{"pinnedDecisions"}``."""
     svc = services()
     limits = svc.settings.limits
-    body = load_body(pin_body(limits.pinned_max_chars), 'Send a JSON object with "text" or "messageId".')
+    try:
+        body = load_body(pin_body(limits.pinned_max_chars), 'Send a JSON object with "text" or "messageId".')
+    except ApiError as refused:
+        metrics.observe_pin_request("pin", refused.code)
+        raise
     state = _change("pin", lambda state: (_with_new_pin(state, _pin_text(body, state, limits), limits,
                                                         counter=svc.counter, max_tokens=_pins_max_tokens()), None))
     return guarded_json({"pinnedDecisions": state.pinned_decisions}, 201)
