@@ -35,7 +35,7 @@ import json
 import logging
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from functools import lru_cache
 from typing import Any, Protocol, TypeVar
 
@@ -220,10 +220,11 @@ class StructuredAnswer:
     duration_ms: int
 
 
+@dataclass
 class StructuredClient:
     """Structured calls to one model of one provider.
 
-    Args:
+    Attributes (all but ``client`` keyword-only):
         client: the SDK client (its base URL is the provider's).
         model: the model name.
         record: the provider's record of refused modes.
@@ -234,15 +235,14 @@ class StructuredClient:
         timeout: seconds a call without a deadline may wait for its answer.
     """
 
-    def __init__(self, client: openai.OpenAI, *, model: str, record: ModeRecord, temperature: float | None = None,
-                 max_retries: int = 0, connect_timeout: float = 5.0, timeout: float = 60.0):
-        self.client = client
-        self.model = model
-        self.record = record
-        self.temperature = temperature
-        self.max_retries = max_retries
-        self.connect_timeout = connect_timeout
-        self.timeout = timeout
+    client: openai.OpenAI
+    _: KW_ONLY
+    model: str
+    record: ModeRecord
+    temperature: float | None = None
+    max_retries: int = 0
+    connect_timeout: float = 5.0
+    timeout: float = 60.0
 
     @classmethod
     def for_compaction(cls, settings: Settings, record: "ModeRecord") -> "StructuredClient":
