@@ -7,14 +7,12 @@ The synthetic record has LoCoMo's shape (``conversation.session_<N>`` lists of `
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
 from bench import locomo_qa as L
+from tests.helpers.public_data import public_data
 
-DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
 
 RECORD = {
     "sample_id": "synthetic-1",
@@ -144,9 +142,9 @@ def test_answer_f1_by_category():
     assert L.normalize_answer("The Lean, Startup!") == "lean startup"
 
 
-@pytest.mark.skipif(not (DATA / L.LOCOMO_FILE).is_file(), reason="needs ../shared/data/locomo10.json")
 def test_bench_runs_on_one_conversation(tmp_path):
-    code = L.main(["--fake", "--conversations", "1", "--out", str(tmp_path), "--data", str(DATA)])
+    data = public_data(L.LOCOMO_FILE).parent
+    code = L.main(["--fake", "--conversations", "1", "--out", str(tmp_path), "--data", str(data)])
     assert code == 0
     results = json.loads((tmp_path / "locomo.json").read_text())
     summary = results["summary"]

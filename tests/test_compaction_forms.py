@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import re
 from functools import lru_cache
-from pathlib import Path
 
 import pytest
 
@@ -20,18 +19,18 @@ from app.memory.compaction import forms
 from app.memory.compaction.facts import extract_facts
 from app.memory.compaction.record import PERSON, TOLD, sentences, statement_lines, statement_sentences
 from app.memory.state import ThreadMessage
+from tests.helpers.public_data import public_data
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"  # ../shared/data beside the checkout
 
 
 @lru_cache(maxsize=1)
 def locomo() -> list[dict]:
-    return json.loads((DATA / "locomo10.json").read_text())
+    return json.loads(public_data("locomo10.json").read_text())
 
 
 @lru_cache(maxsize=1)
 def kdconv() -> list[dict]:
-    return json.loads((DATA / "kdconv-sample.json").read_text())
+    return json.loads(public_data("kdconv-sample.json").read_text())
 
 
 def locomo_sessions(conversation: dict) -> list[list[dict]]:
