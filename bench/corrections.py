@@ -9,8 +9,9 @@ seed 7, at most 48 tokens):
 
 - **before**: the record message as it was rendered before (the stored summary as it is: the replaced line in
   place, marked ``[replaced by turn N]``, among the current ones; ``legacy_record_message``);
-- **after**: ``app.memory.context.format_summary`` (current lines only among the current ones; the replaced line
-  under "Earlier values, replaced by a later turn (not current ...)" after them).
+- **after**: ``app.memory.context.format_summary`` (the current lines only: the replaced line left out);
+- **heading**: the replaced line after the current ones under a heading "Earlier values, replaced by a later turn
+  (not current; ...)" (the other layout the README considers; ``heading_record_message``).
 
 A case is *answered* when the answer holds the corrected value (any of its spellings) and not the replaced one.
 Prints one line per case and the totals per language.  Not a test: the model's answers are data.
@@ -119,6 +120,16 @@ def legacy_record_message(summary: str) -> str:
     return RECORD_HEADER + summary + RECORD_FOOTER
 
 
+def heading_record_message(summary: str) -> str:
+    """The current lines, then the replaced ones under their own heading, then the turn range."""
+    lines = summary.split("\n")
+    current = [line for line in lines[:-1] if "[replaced by turn" not in line]
+    replaced = [line for line in lines if "[replaced by turn" in line]
+    body = current + ["Earlier values, replaced by a later turn (not current; the line that replaced each is "
+                      "above):"] + replaced + lines[-1:]
+    return RECORD_HEADER + "\n".join(body) + RECORD_FOOTER
+
+
 def answered(case: Case, answer: str) -> bool:
     low = answer.lower()
     return any(v.lower() in low for v in case.new) and not any(v.lower() in low for v in case.old)
@@ -161,17 +172,19 @@ def main(argv: list[str] | None = None) -> int:
     totals: dict[tuple[str, str], int] = {}
     try:
         print(f"model {local_model.MODEL_NAME}, temperature 0, seed {SEED}, {os.cpu_count()} CPUs")
-        print(f"{'lang':4} {'kind':6} {'before':>6} {'after':>6}  answers (before | after)")
+        print(f"{'lang':4} {'kind':6} {'before':>6} {'after':>6} {'heading':>7}  answers (before | after)")
         for case in CASES:
             summary = summary_of(case)
             results = {}
-            for label, record in (("before", legacy_record_message(summary)), ("after", format_summary(summary))):
+            for label, record in (("before", legacy_record_message(summary)), ("after", format_summary(summary)),
+                                  ("heading", heading_record_message(summary))):
                 answer = ask(url, [{"role": "system", "content": system}, {"role": "system", "content": record},
                                    {"role": "user", "content": case.question}])
                 results[label] = (answered(case, answer), answer.replace("\n", " ")[:70])
                 totals[(case.lang, label)] = totals.get((case.lang, label), 0) + results[label][0]
             print(f"{case.lang:4} {case.kind:6} {'yes' if results['before'][0] else 'no':>6} "
-                  f"{'yes' if results['after'][0] else 'no':>6}  {results['before'][1]!r} | {results['after'][1]!r}")
+                  f"{'yes' if results['after'][0] else 'no':>6} {'yes' if results['heading'][0] else 'no':>7}  "
+                  f"{results['before'][1]!r} | {results['after'][1]!r}")
     finally:
         if proc is not None:
             proc.send_signal(signal.SIGTERM)
@@ -180,11 +193,10 @@ def main(argv: list[str] | None = None) -> int:
     for lang in ("en", "zh"):
         n = sum(1 for c in CASES if c.lang == lang)
         print(f"{lang}: answered with the corrected value: before {totals[(lang, 'before')]}/{n}, "
-              f"after {totals[(lang, 'after')]}/{n}")
+              f"after {totals[(lang, 'after')]}/{n}, heading {totals[(lang, 'heading')]}/{n}")
     n = len(CASES)
-    before = sum(v for (_, label), v in totals.items() if label == "before")
-    after = sum(v for (_, label), v in totals.items() if label == "after")
-    print(f"all: before {before}/{n}, after {after}/{n}")
+    print("all: " + ", ".join(f"{label} {sum(v for (_, lab), v in totals.items() if lab == label)}/{n}"
+                              for label in ("before", "after", "heading")))
     return 0
 
 

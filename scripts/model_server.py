@@ -17,10 +17,14 @@ Server settings (``server_params``), each for a reason:
 - one slot (``n_parallel=1``): a second request waits for the first; with two slots a long prompt on one stalls
   the other (llama.cpp has no chunked prefill), which is why compaction has its own server;
 - no prompt cache in RAM (``cache_ram_mib=0``, ``cache_idle_slots=False``) and no context checkpoints: the only
-  cached state is the slot's own KV cache, i.e. the tokens of the previous request.  A new request keeps of it
-  only the tokens equal to its own prompt (the common prefix, and on the chat server chunks of at least
-  ``n_cache_reuse`` equal tokens); everything else is dropped before the prompt is read.  No state saved from an
-  earlier request (another session's) can be restored into a new one; no ``/slots`` endpoint, no slot files;
+  cached state is the slot's own KV cache.  On the chat server that slot is saved and restored per thread
+  (``scripts/slot_cache.py``): the llama.cpp server listens on a free internal loopback port with a
+  ``--slot-save-path`` (a private directory made for this run), and this supervisor serves the public port as a
+  proxy that restores the thread's slot file (named by the request's ``X-Model-Cache-Key``, an HMAC of the thread
+  id) before its request and saves it after, under one lock; a thread without a file starts from the system
+  prompt alone; at most ``LOCAL_MODEL_SLOT_FILES`` files and ``LOCAL_MODEL_SLOT_MIB`` MiB (0 files: no proxy, the
+  llama.cpp server serves the public port).  No thread can restore another's.  On a stop signal the request in
+  flight (and its save) ends first: llama.cpp does not stop while a slot action is queued;
 - prefix reuse on the chat server: ``cache_prompt`` (llama.cpp's default) reuses the common prefix of the previous
   request; ``n_cache_reuse`` (``LOCAL_MODEL_CACHE_REUSE``, default 256 tokens) also reuses later runs of at least
   that many equal tokens, shifted in place, so a turn after a compaction need not read its unchanged recent turns

@@ -9,20 +9,20 @@ llama.cpp server on an internal loopback port.  A chat request may carry ``X-Mod
 two requests never interleave; every request that uses the slot passes it):
 
 1. restore: when the slot does not already hold this key's state, POST ``/slots/0?action=restore`` with the key's
-   file (``<key>.bin``) if it exists; else the *base* state (``base.bin``: what requests without a key left, e.g.
-   the start check or a warm-up of the system prompt), else erase the slot.  A thread's slot state is therefore
-   only ever built from its own requests and from requests that carry no thread at all: no thread can restore,
-   or be computed on, another thread's cache;
+   file (``<key>.bin``) if it exists; else (a new thread) the *base* state (``base.bin``): the request's system
+   prompt alone, which the proxy has the server read (a one-token completion without a key) and saves once per
+   system prompt; without a system prompt, an erased slot.  A thread's slot state is therefore only ever built
+   from its own requests and the system prompt: no thread can restore, or be computed on, another thread's cache;
 2. forward the request, streaming the answer back as it comes (a client that goes away closes the upstream
    connection, so llama.cpp stops generating);
-3. save: after an answer with status 200, POST ``/slots/0?action=save`` to the key's file (``base.bin`` without a
-   key), then drop the least recently used files beyond ``max_files`` files or ``max_bytes`` bytes (the base file
-   last).
+3. save: after an answer with status 200, POST ``/slots/0?action=save`` to the key's file, then drop the least
+   recently used files beyond ``max_files`` files or ``max_bytes`` bytes (the base file last).
 
-Requests without a key restore the base state first when the slot holds a thread's.  ``GET`` requests (models,
-health) pass without the lock.  Paths under ``/slots`` are refused (403): only this proxy saves and restores, and
-only into its own directory (llama.cpp's ``--slot-save-path``, a private directory made for this server's run,
-mode 0700, removed when it stops).  Files are KV states, not text; they live only while the server runs.
+Requests without a key (the start check) start from the base state (or an erased slot) and are never saved.
+``GET`` requests (models, health) pass without the lock.  Paths under ``/slots`` are refused (403): only this
+proxy saves and restores, and only into its own directory (llama.cpp's ``--slot-save-path``, a private
+directory made for this server's run, mode 0700, removed when it stops).  Files are KV states, not text; they
+live only while the server runs.
 
 A failed restore (a file llama.cpp cannot read, e.g. after an upgrade) erases the slot and deletes the file; a
 failed save deletes the file: the thread's next turn reads its prompt again, nothing else changes.

@@ -297,25 +297,21 @@ def _record_message(summary: str, notes=()) -> str:
     return assemble(ThreadState(summary=summary, notes=notes)).messages[1].content
 
 
-def test_a_replaced_line_is_never_among_the_current_ones_and_comes_after_them():
-    from app.memory.context import REPLACED_TITLE
+def test_a_replaced_line_is_left_out_and_the_correction_reads_as_current():
     summary = _record(("person", "The dinner is on Friday at Lumen.", 2, 5), ("person", "I am Lin Wei.", 3),
                       ("person", "Actually, the dinner moved to next Tuesday.", 5))
     text = _record_message(summary, notes=("Lin Wei organises the dinner",))
-    current, _, earlier = text.partition(REPLACED_TITLE)
-    assert "moved to next Tuesday" in current and "I am Lin Wei" in current
-    assert "Friday" not in current  # the replaced value is not shown as a current fact
-    assert "- Person (turn 2) [replaced by turn 5]: The dinner is on Friday at Lumen." in earlier
-    # order: current lines (turn order), the replaced ones, the notes, then the turn range, which changes every fold
-    assert current.index("(turn 3)") < current.index("(turn 5)")
-    assert earlier.index("Friday") < earlier.index(NOTES_TITLE) < earlier.index("(turns 1–5 of this conversation)")
+    assert "moved to next Tuesday" in text and "I am Lin Wei" in text
+    assert "Friday" not in text and "replaced by" not in text  # the replaced value is not presented at all
+    # order: current lines (turn order), the notes, then the turn range, which changes every fold
+    assert text.index("(turn 3)") < text.index("(turn 5)") < text.index(NOTES_TITLE) \
+        < text.index("(turns 1–5 of this conversation)")
     assert text.endswith("(turns 1–5 of this conversation)" + RECORD_FOOTER)
 
 
-def test_a_record_without_corrections_has_no_replaced_heading():
-    from app.memory.context import REPLACED_TITLE
+def test_a_record_line_keeps_its_label_and_turn_number():
     text = _record_message(_record(("person", "The venue is Hall 7 in Lyon.", 1)))
-    assert REPLACED_TITLE not in text and "- Person (turn 1): The venue is Hall 7 in Lyon." in text
+    assert "- Person (turn 1): The venue is Hall 7 in Lyon." in text
 
 
 def test_a_fold_changes_the_record_message_only_after_its_current_lines():
