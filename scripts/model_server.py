@@ -17,10 +17,14 @@ Server settings (``server_params``), each for a reason:
 - one slot (``n_parallel=1``): a second request waits for the first; with two slots a long prompt on one stalls
   the other (llama.cpp has no chunked prefill), which is why compaction has its own server;
 - no prompt cache in RAM (``cache_ram_mib=0``, ``cache_idle_slots=False``) and no context checkpoints: the only
-  cached state is the slot's own KV cache, i.e. the tokens of the previous request.  A new request keeps of it
-  only the tokens equal to its own prompt (the common prefix, and on the chat server chunks of at least
-  ``n_cache_reuse`` equal tokens); everything else is dropped before the prompt is read.  No state saved from an
-  earlier request (another session's) can be restored into a new one; no ``/slots`` endpoint, no slot files;
+  cached state is the slot's own KV cache.  On the chat server that slot is saved and restored per thread
+  (``scripts/slot_cache.py``): the llama.cpp server listens on a free internal loopback port with a
+  ``--slot-save-path`` (a private directory made for this run), and this supervisor serves the public port as a
+  proxy that restores the thread's slot file (named by the request's ``X-Model-Cache-Key``, an HMAC of the thread
+  id) before its request and saves it after, under one lock; a thread without a file starts from the system
+  prompt alone; at most ``LOCAL_MODEL_SLOT_FILES`` files and ``LOCAL_MODEL_SLOT_MIB`` MiB (0 files: no proxy, the
+  llama.cpp server serves the public port).  No thread can restore another's.  On a stop signal the request in
+  flight (and its save) ends first: llama.cpp does not stop while a slot action is queued;
 - prefix reuse on the chat server: ``cache_prompt`` (llama.cpp's default) reuses the common prefix of the previous
   request; ``n_cache_reuse`` (``LOCAL_MODEL_CACHE_REUSE``, default 256 tokens) also reuses later runs of at least
   that many equal tokens, shifted in place, so a turn after a compaction need not read its unchanged recent turns
@@ -58,6 +62,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import local_model  # noqa: E402  scripts/local_model.py, beside this script
+import slot_cache  # noqa: E402  scripts/slot_cache.py, beside this script
 
 MODEL_NAME = local_model.MODEL_NAME
 DEFAULT_HOST = local_model.DEFAULT_HOST
@@ -94,21 +99,27 @@ def server_settings(role: str, environ=os.environ) -> dict:
 
     Keys: ``n_ctx`` (tokens), ``threads`` (decoding), ``batch_threads`` (prompt reading), ``nice`` (the
     process's niceness, 0 for chat), ``n_parallel`` (slots), ``cache_ram_mib`` (0: no RAM prompt cache),
-    ``cache_idle_slots``, ``n_ctx_checkpoints``, ``cache_prompt``, ``n_cache_reuse`` (tokens; 0 off).
+    ``cache_idle_slots``, ``n_ctx_checkpoints``, ``cache_prompt``, ``n_cache_reuse`` (tokens; 0 off),
+    ``slot_files`` (each thread's slot file kept at most this many files, ``scripts/slot_cache.py``; 0: no slot
+    files, no proxy) and ``slot_mib`` (their total size, MiB).
     """
-    reuse = 0
+    reuse = slot_files = slot_mib = 0
     if role == "chat":
         reuse = int(environ.get("LOCAL_MODEL_CACHE_REUSE") or CACHE_REUSE_TOKENS)
+        files = environ.get("LOCAL_MODEL_SLOT_FILES")
+        slot_files = int(files) if files not in (None, "") else slot_cache.MAX_FILES
+        slot_mib = int(environ.get("LOCAL_MODEL_SLOT_MIB") or slot_cache.MAX_MIB) if slot_files else 0
     return {"n_ctx": int(environ.get("MODEL_CONTEXT_TOKENS") or CONTEXT_TOKENS),
             "threads": int(environ.get("LOCAL_MODEL_THREADS") or default_threads()),
             "batch_threads": int(environ.get("LOCAL_MODEL_BATCH_THREADS") or default_batch_threads(role)),
             "nice": int(environ.get("LOCAL_COMPACTION_NICE") or COMPACTION_NICE) if role == "compaction" else 0,
             "n_parallel": 1, "cache_ram_mib": 0, "cache_idle_slots": False, "n_ctx_checkpoints": 0,
-            "cache_prompt": True, "n_cache_reuse": reuse}
+            "cache_prompt": True, "n_cache_reuse": reuse, "slot_files": slot_files, "slot_mib": slot_mib}
 
 
-def server_params(model: Path, host: str, port: int, settings: dict):
-    """An ``xllamacpp.CommonParams`` for ``server_settings`` (see the module docstring)."""
+def server_params(model: Path, host: str, port: int, settings: dict, slot_path: str = ""):
+    """An ``xllamacpp.CommonParams`` for ``server_settings`` (see the module docstring); ``slot_path``: the
+    directory of slot files (llama.cpp's ``--slot-save-path``; "" none)."""
     import xllamacpp
 
     params = xllamacpp.CommonParams()
@@ -127,7 +138,7 @@ def server_params(model: Path, host: str, port: int, settings: dict):
     params.cache_prompt = settings["cache_prompt"]
     params.n_cache_reuse = settings["n_cache_reuse"]
     params.endpoint_slots = False
-    params.slot_save_path = ""
+    params.slot_save_path = slot_path
     params.use_jinja = True
     return params
 
@@ -139,6 +150,7 @@ def child(argv: list[str]) -> int:
     parser.add_argument("--host", required=True)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--role", required=True)
+    parser.add_argument("--slot-dir", default="")
     args = parser.parse_args(argv)
     import xllamacpp
 
@@ -146,7 +158,8 @@ def child(argv: list[str]) -> int:
     print(f"local model: starting llama.cpp ({server_version()}) for {args.role}: "
           + ", ".join(f"{k}={v}" for k, v in settings.items()), flush=True)
     try:
-        server = xllamacpp.Server(server_params(Path(args.model), args.host, args.port, settings))
+        server = xllamacpp.Server(server_params(Path(args.model), args.host, args.port, settings,
+                                                args.slot_dir + os.sep if args.slot_dir else ""))
     except RuntimeError:
         print("local model: llama.cpp could not start the server (see its messages above)", file=sys.stderr,
               flush=True)
@@ -162,10 +175,13 @@ def child(argv: list[str]) -> int:
     os._exit(0)
 
 
-def child_argv(model: Path, host: str, port: int, role: str) -> list[str]:
+def child_argv(model: Path, host: str, port: int, role: str, slot_dir: str = "") -> list[str]:
     """The command line of the server process (a stand-in's with ``LOCAL_MODEL_SERVER_MODULE``), under
-    ``nice -n <niceness>`` when the role's ``server_settings`` gives one (the compaction server)."""
+    ``nice -n <niceness>`` when the role's ``server_settings`` gives one (the compaction server); ``slot_dir``:
+    its slot files' directory (the chat server behind ``scripts/slot_cache.py``)."""
     rest = ["--model", str(model), "--host", host, "--port", str(port), "--role", role]
+    if slot_dir:
+        rest += ["--slot-dir", slot_dir]
     module = os.environ.get("LOCAL_MODEL_SERVER_MODULE")
     if module:
         command = [sys.executable, "-m", module, *rest]
@@ -328,14 +344,67 @@ def serve(host: str, port: int, timeout: float, role: str = "chat") -> int:
         except ImportError:
             return _fail(port, f"{what} cannot start: xllamacpp is not installed (run `make model`), {HOSTED}")
     model = local_model.fetch()
-    base_url = f"http://{host}:{port}/v1"
     stopping = threading.Event()
     current: list[subprocess.Popen] = []
+    settings = server_settings(role)
+    proxy = cache = None
+    child_port, slot_dir = port, ""
+    if settings["slot_files"]:
+        # The llama.cpp server listens on a free internal loopback port; this process serves the public port
+        # (scripts/slot_cache.py), restoring and saving each thread's slot around its requests.
+        child_port = _free_port(host)
+        cache = slot_cache.SlotCache((host, child_port), slot_cache.slot_dir(os.environ.get("LOCAL_MODEL_SLOT_DIR")),
+                                     max_files=settings["slot_files"], max_bytes=settings["slot_mib"] * 1024 * 1024)
+        slot_dir = str(cache.directory)
+        try:
+            proxy = slot_cache.make_proxy(cache, host, port)
+        except OSError as exc:
+            cache.close()
+            return _fail(port, f"{what} cannot listen on {host}:{port} ({exc.strerror or type(exc).__name__})")
+        threading.Thread(target=proxy.serve_forever, kwargs={"poll_interval": 0.2}, name="slot-proxy",
+                         daemon=True).start()
+    try:
+        return _supervise(model, host, port, child_port, role, timeout, what, stopping, current, cache)
+    finally:
+        if proxy is not None:
+            proxy.shutdown()
+            proxy.server_close()
+        if cache is not None:
+            cache.close()
+
+
+def _free_port(host: str) -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def _supervise(model: Path, host: str, port: int, child_port: int, role: str, timeout: float, what: str,
+               stopping: threading.Event, current: list, cache: "slot_cache.SlotCache | None") -> int:
+    """``serve``'s loop: start the server process on ``child_port``, check it, restart it after a crash (the
+    slot cache, if any, then knows the slot holds nothing; its files stay valid for the same model)."""
+    slot_dir = str(cache.directory) if cache is not None else ""
+    base_url = f"http://{host}:{port}/v1"
+    child_url = f"http://{host}:{child_port}/v1"
+
+    def pass_on(signum):
+        if current and current[-1].poll() is None:
+            current[-1].send_signal(signum)
+
+    def after_request(signum):
+        # llama.cpp does not stop while a slot save or restore is queued: let the request in flight (and its save)
+        # finish first, and start no other (the lock stays held; at most 30 s)
+        cache.lock.acquire(timeout=30)
+        pass_on(signum)
 
     def forward(signum, _frame):
         stopping.set()
-        if current and current[-1].poll() is None:
-            current[-1].send_signal(signum)
+        if cache is None:
+            pass_on(signum)
+        else:
+            threading.Thread(target=after_request, args=(signum,), daemon=True).start()
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
@@ -343,10 +412,13 @@ def serve(host: str, port: int, timeout: float, role: str = "chat") -> int:
     crashes: list[float] = []
     while True:
         started = time.monotonic()
-        proc = subprocess.Popen(child_argv(model, host, port, role))
+        if cache is not None:
+            with cache.lock:
+                cache.holder = cache.base_digest = None
+        proc = subprocess.Popen(child_argv(model, host, child_port, role, slot_dir))
         current[:] = [proc]
         try:
-            check_s = start_check(proc, base_url, load_timeout=timeout, stopping=stopping)
+            check_s = start_check(proc, child_url, load_timeout=timeout, stopping=stopping)
         except Stopped:
             _stop(proc)
             return 0

@@ -16,6 +16,13 @@ error or an HTTP 5xx, and no response format is refused.  Then
 Ctrl+C (SIGINT to the launcher's process group, as a terminal sends it) must
 stop every process the launcher started.
 
+What is asserted is what the system guarantees, not what a sampled 0.5B model happens to say: the turns
+stream real tokens and are stored as streamed, the thread folds, the model servers log no error, everything
+stops.  The chat turns sample as a person's turns do (the server's default temperature and a random seed), so
+their content is not checked.  The one content check asks the chat server directly with fixed sampling
+(temperature 0, seed 7: greedy decoding, the same answer on every run of the pinned model and server) a question
+whose answer is one word, and tolerates any wording around it ("Paris.", "The capital of France is Paris").
+
 ``RESERVED_OUTPUT_TOKENS=64`` keeps answers short (the model decodes about 20
 tokens/s on 2 cores).  Needs the verified GGUF file (``make test`` fetches it
 first; ``scripts/dev.py`` fetches it otherwise).
@@ -165,7 +172,12 @@ def test_dev_system_chats_with_the_local_model_compacts_and_stops_on_ctrl_c(dev_
             if len(answer.split()) >= 3:  # a sentence streams in pieces (an answer may be one word: one token)
                 assert len([f for f in frames if f["type"] == "delta"]) >= 2, frames
             answers.append(answer.strip())
-        assert "paris" in answers[0].lower()
+        # content, with fixed sampling: asked of the chat server directly (through its slot proxy, no thread key)
+        fixed = requests.post(f"http://127.0.0.1:{env['LOCAL_MODEL_PORT']}/v1/chat/completions", timeout=180, json={
+            "model": MODEL_NAME, "temperature": 0, "seed": 7, "max_tokens": 16,
+            "messages": [{"role": "user", "content": "What is the capital of France? Answer in one word."}]})
+        assert fixed.status_code == 200, fixed.text
+        assert "paris" in fixed.json()["choices"][0]["message"]["content"].lower()
 
         # The second turn made the thread due: the worker folds the first turn with the same model.
         # (a failed attempt is retried after 1 s, so wait for the success itself)
@@ -194,7 +206,9 @@ def test_dev_system_chats_with_the_local_model_compacts_and_stops_on_ctrl_c(dev_
     # Chat turns went to the chat server, the compaction to its own server (llama.cpp's task lines).
     log = log_path.read_text(errors="replace")
     tasks = tasks_by_process(log)
-    assert tasks["model"] == 1 + 2  # the start check and the two turns
+    # the start check, the base state of the system prompt (scripts/slot_cache.py), the two turns, the fixed-sampling
+    # question, and at most one warm-up of the folded thread's new prefix (skipped when a turn was in flight)
+    assert 1 + 1 + 2 + 1 <= tasks["model"] <= 1 + 1 + 2 + 1 + 1
     assert tasks["compaction-model"] >= 1 + 1  # the start check and the compaction
     # No server error: llama.cpp logs a failed request as a warning or error with its JSON error (code 500
     # for a refused response format), and the app logs a refused format; none of that happened.

@@ -1,8 +1,8 @@
 """Sessions never see each other's cache on the bundled model's server (README: The bundled model).
 
-The chat server has one slot and keeps prompt state only in that slot (no RAM prompt cache, no saved slots;
-``scripts/model_server.py``), so two sessions chatting at once make it switch the slot between them on almost
-every request.  Through the real app (served on loopback, the test Redis) and the real bundled model
+The chat server has one slot and keeps prompt state only in that slot and in one slot file per thread, which its
+supervisor restores before that thread's requests (``scripts/slot_cache.py``; no RAM prompt cache), so two
+sessions chatting at once make it switch the slot between them on almost every request.  Through the real app (served on loopback, the test Redis) and the real bundled model
 (``scripts/model_server.py --role chat``), two browser sessions chat at the same time, each with its own planted
 word.  Every request the app sent to the model and every answer the model streamed back is recorded by a
 forwarding HTTP proxy between them.  Expected: each session's prompts hold its own word and never the other's;

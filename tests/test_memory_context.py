@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import tiktoken
 
 from app.memory.context import (
+    NOTES_TITLE,
     PINS_HEADER,
     RECORD_FOOTER,
     SUMMARY_HEADER,
@@ -280,3 +283,60 @@ def test_notes_without_a_summary_still_come_as_a_record():
     ctx = assemble(ThreadState(notes=("We decided to use Postgres",)))
     assert ctx.messages[1].content == (SUMMARY_HEADER + "Notes taken by the assistant (not the person's decisions):\n"
                                        "- We decided to use Postgres" + RECORD_FOOTER)
+
+
+# -- the record's layout: current lines first, append-only; replaced lines and the turn range after them ------
+
+def _record(*lines, first: int = 1, last: int = 0) -> str:
+    from app.memory.compaction.record import Record, RecordLine
+    parsed = tuple(RecordLine(*line) for line in lines)
+    return Record(first, last or max(line.turn for line in parsed), parsed).render()
+
+
+def _record_message(summary: str, notes=()) -> str:
+    return assemble(ThreadState(summary=summary, notes=notes)).messages[1].content
+
+
+def test_a_replaced_line_is_left_out_and_the_correction_reads_as_current():
+    summary = _record(("person", "The dinner is on Friday at Lumen.", 2, 5), ("person", "I am Lin Wei.", 3),
+                      ("person", "Actually, the dinner moved to next Tuesday.", 5))
+    text = _record_message(summary, notes=("Lin Wei organises the dinner",))
+    assert "moved to next Tuesday" in text and "I am Lin Wei" in text
+    assert "Friday" not in text and "replaced by" not in text  # the replaced value is not presented at all
+    # order: current lines (turn order), the notes, then the turn range, which changes every fold
+    assert text.index("(turn 3)") < text.index("(turn 5)") < text.index(NOTES_TITLE) \
+        < text.index("(turns 1–5 of this conversation)")
+    assert text.endswith("(turns 1–5 of this conversation)" + RECORD_FOOTER)
+
+
+def test_a_record_line_keeps_its_label_and_turn_number():
+    text = _record_message(_record(("person", "The venue is Hall 7 in Lyon.", 1)))
+    assert "- Person (turn 1): The venue is Hall 7 in Lyon." in text
+
+
+def test_a_fold_changes_the_record_message_only_after_its_current_lines():
+    before = _record(("person", "The venue is Hall 7 in Lyon.", 1), ("assistant", "Lyon is in France.", 2),
+                     ("person", "We are 12 people.", 3))
+    after = _record(("person", "The venue is Hall 7 in Lyon.", 1), ("assistant", "Lyon is in France.", 2),
+                    ("person", "We are 12 people.", 3), ("person", "The budget is 900 EUR.", 4),
+                    ("person", "Bring the slides.", 5))
+    notes = ("The person organises an offsite",)
+    old, new = _record_message(before, notes), _record_message(after, notes)
+    shared = len(os.path.commonprefix([old, new]))
+    # every current line of the earlier record is in the common prefix: a server caching the previous prompt
+    # reads again only the new lines, the notes and the turn range
+    assert old[:shared].endswith("- Person (turn 3): We are 12 people.\n")
+    assert new[shared:].startswith("- Person (turn 4): The budget is 900 EUR.")
+    # the whole prompt: the system prompt and the record's old lines are a common prefix of the two prompts
+    a, b = assemble(ThreadState(summary=before)), assemble(ThreadState(summary=after))
+    assert a.messages[0] == b.messages[0]
+
+
+def test_a_correction_changes_the_record_message_only_from_the_replaced_line_on():
+    before = _record(("person", "I am Lin Wei.", 1), ("person", "The dinner is on Friday.", 2),
+                     ("person", "We are 12 people.", 3))
+    after = _record(("person", "I am Lin Wei.", 1), ("person", "The dinner is on Friday.", 2, 4),
+                    ("person", "We are 12 people.", 3), ("person", "Actually, the dinner moved to Tuesday.", 4))
+    old, new = _record_message(before), _record_message(after)
+    common = os.path.commonprefix([old, new])
+    assert "- Person (turn 1): I am Lin Wei.\n" in common and "Friday" not in common

@@ -75,3 +75,13 @@ def test_the_supervisor_starts_the_compaction_server_at_niceness_ten(tmp_path, r
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
 
+
+
+def test_only_the_chat_server_keeps_slot_files_within_their_bounds():
+    chat = model_server.server_settings("chat", environ={})
+    assert (chat["slot_files"], chat["slot_mib"]) == (64, 1024)
+    compaction = model_server.server_settings("compaction", environ={})
+    assert (compaction["slot_files"], compaction["slot_mib"]) == (0, 0)  # each compaction prompt is new
+    env = {"LOCAL_MODEL_SLOT_FILES": "8", "LOCAL_MODEL_SLOT_MIB": "100"}
+    assert [model_server.server_settings("chat", environ=env)[k] for k in ("slot_files", "slot_mib")] == [8, 100]
+    assert model_server.server_settings("chat", environ={"LOCAL_MODEL_SLOT_FILES": "0"})["slot_files"] == 0

@@ -30,7 +30,8 @@ def standin_env(tmp_path: Path, mode: str, fail_port: int | None = None, **extra
            if not k.startswith(("REDIS", "OPENAI", "CHAT_MODEL", "COMPACTION_", "BUNDLED", "DEV_", "LOCAL_MODEL",
                                 "STANDIN", "SECRET_KEY", "APP_ENV"))}
     env.update({"LOCAL_MODEL_SERVER_MODULE": STANDIN, "STANDIN_MODE": mode, "PYTHONPATH": str(ROOT),
-                "STANDIN_STARTS": str(tmp_path / "starts.txt"), "PYTHONUNBUFFERED": "1"})
+                "STANDIN_STARTS": str(tmp_path / "starts.txt"), "PYTHONUNBUFFERED": "1",
+                "LOCAL_MODEL_SLOT_FILES": "0"})  # no slot proxy: the stand-in itself serves the announced port
     if fail_port is not None:
         env["STANDIN_FAIL_PORT"] = str(fail_port)
     env.update(extra)

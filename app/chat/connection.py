@@ -144,7 +144,7 @@ class CompactionWarmup:
             messages = self.prefix()
             if not messages or self._busy():
                 return False
-            return self.warmup.prefill(messages, label=f"of {self.thread_id[:13]}")
+            return self.warmup.prefill(messages, label=f"of {self.thread_id[:13]}", thread_id=self.thread_id)
         except Exception:
             log.warning("prompt warm-up of %s failed", self.thread_id[:13], exc_info=True)
             return False

@@ -22,6 +22,7 @@ import openai
 import orjson
 from tenacity import RetryError, Retrying, retry_if_exception, stop_after_attempt, stop_before_delay, wait_exponential
 
+from app.llm.cache_key import cache_headers
 from app.llm.provider import LLMError, make_openai_client, map_error
 from app.settings import Settings
 
@@ -37,6 +38,9 @@ class StreamStats:
         completion_tokens: the provider's count, when it reports usage (tokens), else None.
         first_token_at: ``time.monotonic()`` of the first text delta, or None.
         attempts: how many requests were made (1 + retries).
+        finish_reason: the provider's, when it sent one.
+        prompt_read: prompt tokens the server read for this answer (llama.cpp's ``timings.prompt_n``), else None.
+        prompt_cached: prompt tokens it took from its cache instead (llama.cpp's ``timings.cache_n``), else None.
     """
 
     prompt_tokens: int | None = None
@@ -44,6 +48,8 @@ class StreamStats:
     first_token_at: float | None = None
     attempts: int = 0
     finish_reason: str | None = None
+    prompt_read: int | None = None
+    prompt_cached: int | None = None
 
 
 def _next_tick(after: float, interval: float) -> float:
@@ -356,6 +362,10 @@ class SSEStream:
             if usage:
                 stats.prompt_tokens = usage.get("prompt_tokens")
                 stats.completion_tokens = usage.get("completion_tokens")
+            timings = event.get("timings")
+            if isinstance(timings, dict):
+                stats.prompt_read = timings.get("prompt_n")
+                stats.prompt_cached = timings.get("cache_n")
         if self._decoder.done:
             self.finished = True
 
@@ -392,7 +402,7 @@ class LLMClient:
         return openai.Timeout(read, connect=min(self.settings.llm_connect_timeout, remaining))
 
     def _open(self, messages: list[dict], model: str, deadline: float, stats: StreamStats, extra: dict,
-              cancelled: threading.Event):
+              cancelled: threading.Event, headers: dict | None = None):
         """Open a stream and read up to its first text or tool-call delta; returns ``(stream, first, abort)``.
 
         ``first`` is that ``StreamDelta`` (None when the stream ended without one); ``abort`` is the
@@ -408,7 +418,8 @@ class LLMClient:
         # CPU in bench/ws_load.py) and changes nothing in these plain JSON values.  The body is the same.
         stream = SSEStream(self.client.chat.completions.with_streaming_response.create(
             model=model, messages=[], stream=True, stream_options={"include_usage": True},
-            timeout=self._timeout(deadline), extra_body={"messages": messages, **extra}), stats)
+            timeout=self._timeout(deadline), extra_body={"messages": messages, **extra},
+            extra_headers=headers or None), stats)
         abort = None
         if isinstance(cancelled, CancelEvent):
             abort = _UpstreamAbort(stream)
@@ -426,7 +437,7 @@ class LLMClient:
 
     def stream_chat(self, messages: list[dict], *, cancelled: threading.Event, deadline: float,
                     stats: StreamStats, model: str | None = None, flush_interval: float = 0.0,
-                    **extra) -> Iterator[StreamDelta]:
+                    thread_id: str | None = None, **extra) -> Iterator[StreamDelta]:
         """Yield the answer as ``StreamDelta`` values: each holds every event that had arrived when it was read.
 
         The first one comes as soon as the first token does.  With ``flush_interval`` (seconds) the
@@ -445,6 +456,8 @@ class LLMClient:
             stats: filled with usage, first-token time and attempts.
             model: overrides ``CHAT_MODEL``.
             flush_interval: least time between two values after the first (seconds; 0: read on).
+            thread_id: the thread the prompt is for: with the bundled model, the request carries its cache key
+                (``app.llm.cache_key``), so the chat server restores that thread's cached prompt.
             extra: further chat-completion arguments (for example ``tools``, ``tool_choice``);
                 the values then carry ``tool_calls`` parts too.
 
@@ -463,14 +476,16 @@ class LLMClient:
         )
         self._count(1)
         try:
-            yield from self._stream(retrying, messages, model, deadline, stats, extra, cancelled, flush_interval)
+            yield from self._stream(retrying, messages, model, deadline, stats, extra, cancelled, flush_interval,
+                                    cache_headers(self.settings, thread_id))
         finally:
             self._count(-1)
 
-    def _stream(self, retrying, messages, model, deadline, stats, extra, cancelled, flush_interval):
+    def _stream(self, retrying, messages, model, deadline, stats, extra, cancelled, flush_interval, headers):
         """``stream_chat``'s body: open the stream (with ``retrying``), then yield its values."""
         try:
-            stream, delta, abort = retrying(self._open, messages, model, deadline, stats, extra, cancelled)
+            stream, delta, abort = retrying(self._open, messages, model, deadline, stats, extra, cancelled,
+                                            headers)
         except RetryError as exc:  # pragma: no cover - reraise=True makes this unreachable
             raise mapped_error(exc.last_attempt.exception()) from None
         except Exception as exc:

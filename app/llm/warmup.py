@@ -17,6 +17,7 @@ import time
 
 import openai
 
+from app.llm.cache_key import cache_headers
 from app.llm.provider import make_openai_client
 from app.settings import Settings
 
@@ -46,8 +47,11 @@ class PromptWarmup:
             self._client = make_openai_client(self.settings, read_timeout=self.timeout, max_retries=0)
         return self._client
 
-    def prefill(self, messages: list[dict], *, label: str = "") -> bool:
+    def prefill(self, messages: list[dict], *, label: str = "", thread_id: str | None = None) -> bool:
         """Ask the chat model for one token after ``messages`` (``[{"role", "content"}]``), in this thread.
+
+        With ``thread_id`` and the bundled model the request carries the thread's cache key
+        (``app.llm.cache_key``): the chat server keeps what it read as that thread's cached prompt.
 
         Returns True when the server answered; False when another prefill was in flight (skipped) or the
         request failed.  Never raises: failures are logged (category only, never the prompt's text).
@@ -59,7 +63,7 @@ class PromptWarmup:
             self.client.chat.completions.create(
                 model=self.settings.chat_model, messages=[], stream=False, max_tokens=1, temperature=0,
                 timeout=openai.Timeout(self.timeout, connect=self.settings.llm_connect_timeout),
-                extra_body={"messages": messages})
+                extra_body={"messages": messages}, extra_headers=cache_headers(self.settings, thread_id) or None)
         except Exception as exc:  # a warm-up is an optimisation: nothing of it may reach a person
             log.info("prompt warm-up %s failed after %.1f s: %s", label, time.monotonic() - started,
                      type(exc).__name__)
