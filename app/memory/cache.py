@@ -95,3 +95,33 @@ class ByteCache(Generic[V]):
     def __contains__(self, key: Hashable) -> bool:
         with self._lock:
             return key in self._data
+
+
+def bytes_cached(max_bytes: int, max_entry_bytes: int | None = None, overhead: int = 300):
+    """Decorator: cache a pure function's results by its (hashable) arguments in a ``ByteCache``.
+
+    An entry's size is its text arguments' bytes (``text_bytes``; the result is assumed to hold the same
+    texts, as a parsed message does) plus ``overhead``.  An exception is never cached.  The wrapper has
+    ``.cache`` (the ``ByteCache``) and ``.cache_clear()``.
+    """
+
+    def decorate(fn):
+        cache: ByteCache = ByteCache(max_bytes, max_entry_bytes)
+
+        def wrapper(*args):
+            found = cache.get(args, _MISSING)
+            if found is not _MISSING:
+                return found
+            result = fn(*args)
+            size = overhead + sum(text_bytes(a) for a in args if isinstance(a, str))
+            cache.put(args, result, size)
+            return result
+
+        wrapper.cache = cache
+        wrapper.cache_clear = cache.clear
+        wrapper.__wrapped__ = fn
+        wrapper.__name__ = fn.__name__
+        wrapper.__doc__ = fn.__doc__
+        return wrapper
+
+    return decorate
