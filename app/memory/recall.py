@@ -128,7 +128,8 @@ def tokenize(text: str) -> list[str]:
         pos = match.end()
         kind, value = match.lastgroup, match.group(0)
         if kind == "cjk":
-            out.extend(w for w in segment.words(value) if w.strip() and w not in _ZH_FUNCTION)
+            words = segment.words(value) if len(value) > 1 else (value,)  # one character is one word
+            out.extend(w for w in words if w.strip() and w not in _ZH_FUNCTION)
         elif kind == "word":
             if value.endswith(("'s", "’s")):
                 value = value[:-2]
