@@ -346,4 +346,13 @@ def off_the_event_loop(work: Callable[[], T]) -> T:
         return work()
     import gevent
 
-    return gevent.get_hub().threadpool.apply(work)
+    def guarded() -> tuple[bool, object]:  # gevent's pool prints what a task raises: hand it back instead
+        try:
+            return True, work()
+        except Exception as exc:
+            return False, exc
+
+    done, value = gevent.get_hub().threadpool.apply(guarded)
+    if not done:
+        raise value
+    return value
