@@ -134,10 +134,22 @@ def test_pysbd_never_reads_more_than_a_window_at_a_time(name, monkeypatch):
             return self.segmenter.segment(window)
 
     monkeypatch.setattr(record_module, "_segmenter", lambda language: Spy(original(language)))
+    record_module._split_cache.clear()
     got = sentences(text)
     assert max(reads) <= SBD_WINDOW_CHARS
     assert sum(reads) <= 2 * len(text)  # each character read at most about twice: linear
     assert "".join(got).replace(" ", "") == "".join(text.split()) or name in ("mixed_scripts",)
+
+
+def test_a_split_text_is_kept_within_the_cache_bound_and_handed_out_as_a_new_list():
+    text = "The meeting moved to Tuesday. Lin Wei agreed."
+    first = sentences(text)
+    first.append("changed by a caller")
+    assert sentences(text) == ["The meeting moved to Tuesday.", "Lin Wei agreed."]
+    assert record_module._split_cache.currsize <= record_module.SENTENCES_CACHE_MAX_BYTES
+    big = repeat("Sentence here. ", 40_000)  # 80 kB in memory: split, not kept
+    sentences(big)
+    assert big not in record_module._split_cache
 
 
 def test_short_paragraphs_are_split_as_pysbd_splits_them():

@@ -65,6 +65,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Iterable, Sequence
 
+from app.memory.cache import ByteCache, text_bytes
 from app.memory.compaction import forms
 from app.memory.compaction.facts import extract_facts, fact_present, states_decision
 from app.memory.compaction.notes import content_units
@@ -205,11 +206,26 @@ sentences but its last kept (``_segment``): linear in the paragraph, the same se
 wherever pysbd decides from the text near a sentence end."""
 
 
+SENTENCES_CACHE_MAX_BYTES = 4 * 1024 * 1024
+"""The process's cache of split texts (a compaction splits each message several times) is bounded to this many
+bytes, least recently used out; a text of more than 64 KiB is split without being kept."""
+_split_cache: ByteCache[tuple[str, ...]] = ByteCache(SENTENCES_CACHE_MAX_BYTES, 64 * 1024)
+
+
 def sentences(text: str) -> list[str]:
     """``text`` split into sentences (pysbd; Chinese rules when it holds Chinese), whitespace collapsed.
 
-    Linear in ``len(text)`` (``SBD_WINDOW_CHARS``).
+    Linear in ``len(text)`` (``SBD_WINDOW_CHARS``); a text split before (``SENTENCES_CACHE_MAX_BYTES``)
+    is not split again.
     """
+    found = _split_cache.get(text)
+    if found is None:
+        found = tuple(_split(text))
+        _split_cache.put(text, found, 2 * text_bytes(text) + 64 * len(found) + 200)
+    return list(found)
+
+
+def _split(text: str) -> list[str]:
     out: list[str] = []
     for paragraph in text.split("\n"):
         paragraph = _MARKDOWN_RE.sub("", paragraph).strip()
