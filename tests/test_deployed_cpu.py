@@ -18,6 +18,8 @@ from tests.fake_llm import FakeLLM, Reply
 from tests.fixtures.deployed_web import Visitor, deployed_web
 from tests.fixtures.live_app import answer_text
 
+pytestmark = pytest.mark.slow  # starts the Procfile's web (tests/fixtures/lanes.py)
+
 ANSWER = " ".join(f"word{i}" for i in range(60))
 
 
