@@ -47,8 +47,9 @@ class Services:
 
     @cached_property
     def counter(self) -> TokenCounter:
-        """The chat model's token counter."""
-        return counter_for(self.settings.chat_model, self.settings.tokenizer_encoding)
+        """The chat model's token counter (its cache of counts within ``TOKEN_CACHE_MAX_BYTES``)."""
+        settings = self.settings
+        return counter_for(settings.chat_model, settings.tokenizer_encoding, settings.token_cache_max_bytes)
 
     @cached_property
     def llm(self) -> LLMClient:

@@ -216,6 +216,11 @@ class Settings(BaseSettings):
     reserved_output_tokens: int = Field(1024, validation_alias="RESERVED_OUTPUT_TOKENS", ge=1)
     limits: MemoryLimits = Field(default_factory=MemoryLimits)  # from LIMIT_VARIABLES
     memory_ttl_seconds: int = Field(604800, validation_alias="MEMORY_TTL_SECONDS", ge=60)
+    # Each process's memory (README: Performance): caches bounded in bytes; 0 keeps nothing.
+    # The token-count cache (texts at most 64 KiB each are kept; a refused input never) and the tokenised
+    # archives (a full archive of MEMORY_ARCHIVE_MAX_BYTES=2000000 takes about 30 MB).
+    token_cache_max_bytes: int = Field(16 * 1024 * 1024, validation_alias="TOKEN_CACHE_MAX_BYTES", ge=0)
+    archive_cache_max_bytes: int = Field(64 * 1024 * 1024, validation_alias="ARCHIVE_CACHE_MAX_BYTES", ge=0)
     max_input_chars: int = Field(12000, validation_alias="MAX_INPUT_CHARS", ge=1)
     allowed_origins: tuple[str, ...] = Field((), validation_alias="ALLOWED_ORIGINS")  # comma-separated
     port: int = Field(5000, validation_alias="PORT", ge=1)

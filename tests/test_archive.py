@@ -153,6 +153,32 @@ def test_the_turn_path_reads_the_thread_and_its_archive_in_one_round_trip(settin
     client.close()
 
 
+def test_the_process_keeps_tokenised_archives_within_its_byte_bound(store, tid):
+    threads = [new_thread_id() for _ in range(4)]
+    for thread in threads:
+        commit(store, thread, 1, 6, text=lambda i: f"release rc-{i} for the lisbon office" + " word" * 200)
+        fold(store, thread, [f"u{i}" if k == 0 else f"a{i}" for i in range(1, 5) for k in (0, 1)])
+    _, first = archive.load_turn_memory(store, threads[0])
+    one = first.nbytes
+    assert one > 4 * 1000  # four turns of 200 words
+    archive.forget()
+    archive.set_cache_bytes(int(2.5 * one))
+    try:
+        ran = []
+        for thread in threads:  # the tokenising runs in what the caller gives
+            archive.load_turn_memory(store, thread, run=lambda work: ran.append(work()))
+        assert len(ran) == 4
+        assert archive.cached_bytes() <= int(2.5 * one)
+        assert archive._cached(threads[0]) is None and archive._cached(threads[3]) is not None  # oldest out
+        archive.set_cache_bytes(one // 2)  # one index is larger than the whole bound: used, never kept
+        archive.forget()
+        _, index = archive.load_turn_memory(store, threads[1])
+        assert len(index) == 4 and archive.cached_bytes() == 0
+    finally:
+        archive.set_cache_bytes(archive.CACHE_MAX_BYTES)
+        archive.forget()
+
+
 def test_hydration_returns_the_archived_turns_before_the_messages(settings, store, tid):
     app = create_app(settings)
     web = app.test_client()

@@ -207,9 +207,9 @@ def test_second_assembly_of_the_same_state_does_not_retokenize():
     st = ThreadState(messages=long_turns(4).messages, summary=text_of_chars(ENGLISH, 2500),
                      pins=state(0, pins=tuple(f"decision {i}" for i in range(20))).pins)
     assemble(st, "first", counter=counter)
-    first = counter.count.cache_info()
+    first = counter.cache_info()
     assemble(st, "first", counter=counter)
-    second = counter.count.cache_info()
+    second = counter.cache_info()
     assert second.misses == first.misses
     assert second.hits - first.hits >= 2 * (len(st.messages) + 3 + 1)  # role + content of every message
 
@@ -218,12 +218,12 @@ def test_next_turn_only_tokenizes_the_new_texts():
     counter = TokenCounter()
     st = long_turns(3)
     assemble(st, "question one", counter=counter)
-    before = counter.count.cache_info().misses
+    before = counter.cache_info().misses
     grown = ThreadState(messages=st.messages + (message("u9", "user", "question one"),
                                                 message("a9", "assistant", "answer one")))
     assemble(grown, "question two", counter=counter)
     # Only "answer one" and "question two" are new texts.
-    assert counter.count.cache_info().misses - before == 2
+    assert counter.cache_info().misses - before == 2
 
 
 # -- a full Chinese memory in a small window ----------------------------------------------------

@@ -6,6 +6,7 @@ import pytest
 import tiktoken
 
 from app.memory.tokens import (
+    CACHE_ENTRY_MAX_BYTES,
     MESSAGE_OVERHEAD,
     REPLY_PRIMING,
     TokenCounter,
@@ -80,16 +81,16 @@ def test_counting_the_same_text_again_is_a_cache_hit():
     counter = TokenCounter()
     text = CHINESE * 3
     counter.count(text)
-    before = counter.count.cache_info()
+    before = counter.cache_info()
     assert counter.count(text) == reference_count(text)
-    after = counter.count.cache_info()
+    after = counter.cache_info()
     assert (after.hits - before.hits, after.misses - before.misses) == (1, 0)
 
 
 def test_each_counter_has_its_own_cache():
     a, b = TokenCounter(), TokenCounter()
     a.count("only in a")
-    assert b.count.cache_info().currsize == 0
+    assert b.cache_info().currsize == 0
 
 
 @pytest.mark.parametrize("model,encoding,expected", [
@@ -112,3 +113,39 @@ def test_unknown_encoding_name_is_refused():
 def test_counter_for_shares_one_counter_per_model():
     assert counter_for("fake-chat") is counter_for("fake-chat")
     assert counter_for("fake-chat").count("hello world") == 2
+
+
+# -- the cache is bounded in bytes ------------------------------------------------------------------
+
+
+def test_the_count_cache_never_holds_more_bytes_than_its_bound():
+    counter = TokenCounter(cache_bytes=200_000)
+    for i in range(2000):
+        counter.count(f"message {i} " + "x" * 1000)
+    info = counter.cache_info()
+    assert info.maxsize == 200_000
+    assert 0 < info.currsize <= 200_000
+    assert len(counter.cache) < 200  # about 1.2 kB a text: the oldest went out
+
+
+def test_a_text_larger_than_an_entry_is_counted_but_never_cached():
+    counter = TokenCounter()
+    text = "好" * (CACHE_ENTRY_MAX_BYTES // 2)  # 2 bytes a character in memory: past the entry bound
+    assert counter.count(text) == reference_count(text)
+    assert text not in counter.cache
+    assert counter.cache_info().currsize == 0
+
+
+def test_a_forgotten_text_leaves_the_cache():
+    counter = TokenCounter()
+    counter.count("refused input")
+    assert "refused input" in counter.cache
+    counter.forget("refused input")
+    assert "refused input" not in counter.cache
+    assert counter.cache_info().currsize == 0
+
+
+def test_a_counter_without_cache_still_counts():
+    counter = TokenCounter(cache_bytes=0)
+    assert counter.count("hello world") == reference_count("hello world")
+    assert len(counter.cache) == 0

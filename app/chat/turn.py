@@ -23,25 +23,29 @@ changes what the person already received.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Callable, TypeVar
 
 from app.extensions import Services
 from app.llm.client import CancelEvent, StreamStats
 from app.llm.provider import LLMError
-from app.memory.context import AssembledContext, assemble_context
+from app.memory.context import AssembledContext, ContextTooLong, assemble_context
 from app.memory.final_turn import FinalTurn, TurnRejected
 from app.memory.state import ThreadState, new_message_id
 from app.memory.status import TurnStatus
 from app.runtime.chat import ChatProducer
 from app.runtime.producer import Producer, ProducerError, ProducerResult, TurnIO
 from app.store.archive import load_turn_memory
+from app.store.archive import set_cache_bytes as set_archive_cache_bytes
 from app.store.thread_store import StoreUnavailable
 
 log = logging.getLogger(__name__)
 
 STREAMING, COMMITTING, FINISHED = "streaming", "committing", "finished"
+T = TypeVar("T")
 
 
 @dataclass
@@ -175,7 +179,8 @@ class Turn(TurnIO):
         self.archive = None
         try:
             if self.services.settings.limits.recall_share > 0:  # the thread and its archive, one round trip
-                state, self.archive = load_turn_memory(self.services.store, self.thread_id)
+                set_archive_cache_bytes(self.services.settings.archive_cache_max_bytes)
+                state, self.archive = load_turn_memory(self.services.store, self.thread_id, run=off_the_event_loop)
             else:
                 state = self.services.store.load(self.thread_id)
             self.cleared_seen = state.cleared
@@ -187,16 +192,24 @@ class Turn(TurnIO):
     def prepare(self) -> AssembledContext:
         """Load memory and assemble the prompt.
 
+        The store reads run here; the CPU work (tokenising new archived turns, counting, recall) runs off
+        the event loop under gevent (``off_the_event_loop``), so it never holds up the process's other
+        sockets (README: Performance).  A refused input leaves no count in the token-count cache.
+
         Raises:
             ContextTooLong: the input does not fit even without recent turns.
             CorruptState: the stored thread cannot be read (``load_state``).
         """
         settings = self.services.settings
         self.state = self.load_state()
-        context = assemble_context(self.state, self.text, system_prompt=settings.system_prompt,
-                                   counter=self.services.counter, context_tokens=settings.model_context_tokens,
-                                   reserved_output_tokens=settings.reserved_output_tokens,
-                                   archive=self.archive, recall_share=settings.limits.recall_share)
+        try:
+            context = off_the_event_loop(lambda: assemble_context(
+                self.state, self.text, system_prompt=settings.system_prompt, counter=self.services.counter,
+                context_tokens=settings.model_context_tokens, reserved_output_tokens=settings.reserved_output_tokens,
+                archive=self.archive, recall_share=settings.limits.recall_share))
+        except ContextTooLong:
+            self.services.counter.forget(self.text)  # a refused input is never cached
+            raise
         self.context = self.outcome.context = context
         return context
 
@@ -313,3 +326,33 @@ class Turn(TurnIO):
             record_turn(self.services, self.thread_id, self.outcome)
         except Exception:
             log.warning("turn accounting for %s failed", self.thread_id[:13], exc_info=True)
+
+
+# ------------------------------------------------------------------------------------------ the prepare path's CPU
+
+
+def off_the_event_loop(work: Callable[[], T]) -> T:
+    """``work()``, run in gevent's pool of real threads when this process runs under gevent (the standard
+    library monkey-patched: gunicorn's gevent worker), else right here; its result or its exception.
+
+    Under gevent every socket of the process shares one OS thread: CPU-heavy work on a socket's greenlet
+    (a long message's tokenising, a recall over a large archive) would hold up every other socket's
+    stream for as long as it runs.  In a real thread the event loop keeps running beside it (the two
+    share the interpreter lock in turns of ``sys.getswitchinterval()``, 5 ms).  ``work`` must not use
+    the store or a socket (its reads belong to the loop).
+    """
+    monkey = sys.modules.get("gevent.monkey")
+    if monkey is None or not monkey.is_module_patched("threading"):
+        return work()
+    import gevent
+
+    def guarded() -> tuple[bool, object]:  # gevent's pool prints what a task raises: hand it back instead
+        try:
+            return True, work()
+        except Exception as exc:
+            return False, exc
+
+    done, value = gevent.get_hub().threadpool.apply(guarded)
+    if not done:
+        raise value
+    return value

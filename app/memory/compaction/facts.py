@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Iterable, Sequence
 
 from app.memory import segment
+from app.memory.cache import ByteCache, text_bytes
 from app.memory.text import CJK, CJK_RE, FENCED_CODE_RE
 
 # ------------------------------------------------------------------------------------------ scripts
@@ -51,7 +51,7 @@ or and plus minus
 _UPPER_UNITS = frozenset("GB MB TB KB PB GiB MiB TiB KiB Hz kHz MHz GHz kW MW USD EUR GBP CNY RMB JPY CHF".split())
 _LATIN_PATTERNS = [
     re.compile(_A + r"https?://[^\s<>\"'`\u3000-\u303f\uff00-\uffef" + CJK + r"]+"),   # URLs
-    re.compile(_A + r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+" + _Z, re.A),                     # e-mail addresses
+    re.compile(r"(?<![\w.+-])[\w.+-]+@[\w-]+(?:\.[\w-]+)+" + _Z, re.A),             # e-mail addresses
     re.compile(_A + r"\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2})?(?:Z|[+-]\d{2}:?\d{2})?)?" + _Z),
     re.compile(_A + rf"{_MONTH}\.? \d{{1,2}}(?:st|nd|rd|th)?(?:,? \d{{4}})?" + _Z),   # March 15, 2024
     re.compile(_A + rf"\d{{1,2}}(?:st|nd|rd|th)? (?:of )?{_MONTH}\.?(?:,? \d{{4}})?" + _Z),  # 15 March 2024
@@ -60,7 +60,7 @@ _LATIN_PATTERNS = [
     re.compile(_A + r"\d{1,2}:\d{2}(?:\s?[AaPp]\.?[Mm]\.?)?(?: UTC| GMT| CET| [A-Z]{3}T)?" + _Z),  # 09:20 UTC
     re.compile(r"`([^`\n]{1,80})`"),                                                  # `code names`
     # identifiers mixing letters and digits with separators: INC-4471, eu-west-2, v2.3.1, QV-58213
-    re.compile(r"(?<![A-Za-z0-9@/.-])(?=[\w#./:-]*\d)(?=[\w#./:-]*[A-Za-z])[A-Za-z0-9]+(?:[-_./:#][A-Za-z0-9]+)+"
+    re.compile(r"(?<![A-Za-z0-9@/.-])(?=[\w#./:-]{0,64}\d)(?=[\w#./:-]{0,64}[A-Za-z])[A-Za-z0-9]+(?:[-_./:#][A-Za-z0-9]+)+"
                + _Z, re.A),
     re.compile(_A + r"[A-Za-z][A-Za-z0-9]*_[A-Za-z0-9_]+" + _Z),                       # snake_case
     re.compile(_A + r"[a-z]+[A-Z][A-Za-z0-9]*" + _Z),                                 # camelCase
@@ -94,7 +94,8 @@ give show run try keep find visit read write email contact talk remind book buy 
 # ------------------------------------------------------------------------------------------ Chinese
 
 _ZH_DIGIT = "零〇一二两三四五六七八九十百千万亿"
-_ZH_NUM = rf"(?:\d+(?:\.\d+)?|[{_ZH_DIGIT}]+)"
+# A number starts where its run of digits starts (the same matches as from inside the run, read once).
+_ZH_NUM = rf"(?:(?<!\d)\d+(?:\.\d+)?|(?<![{_ZH_DIGIT}])[{_ZH_DIGIT}]+)"
 _ZH_UNITS = ("欧元|美元|英镑|日元|人民币|万元|亿元|千元|元|块钱|块|分钱|"
              "公里|千米|米|厘米|毫米|公斤|千克|克|斤|吨|升|毫升|"
              "GB|MB|TB|KB|G|M|T|ms|"
@@ -160,8 +161,15 @@ def states_decision(text: str) -> bool:
 
 
 def _is_sentence_start(text: str, index: int) -> bool:
-    before = text[:index].rstrip(" \t\"'“‘([*-")
-    return not before or before[-1] in ".!?\n:。！？：" or before.endswith("…")
+    """True when only spaces, quotes and brackets stand between ``index`` and the text's start or a sentence
+    end (reads back over those characters only: linear over all the names of a text)."""
+    at = index
+    while at > 0 and text[at - 1] in _OPENERS:
+        at -= 1
+    return at == 0 or text[at - 1] in ".!?\n:。！？：…"
+
+
+_OPENERS = frozenset(" \t\"'“‘([*-")
 
 
 def _names(text: str) -> list[tuple[int, str]]:
@@ -218,7 +226,9 @@ def _chinese(text: str) -> list[tuple[int, str]]:
             spans.append((match.start(), value))
     posseg = segment.tagger()
     dictionary = posseg.dt.word_tag_tab
-    for run in re.finditer(f"[^\\s]*[{CJK}][^\\s]*", text):
+    for run in re.finditer(r"\S+", text):  # each run of non-space characters that holds a Chinese character
+        if not CJK_RE.search(run.group(0)):
+            continue
         offset = run.start()
         pairs = [(p.word, p.flag) for p in posseg.cut(run.group(0))]
         merged: list[tuple[str, str]] = []
@@ -248,20 +258,47 @@ def _chinese_person_name(word: str) -> bool:
     return word[0] in _ZH_SURNAMES and 2 <= len(word) <= 3
 
 
-@lru_cache(maxsize=4096)
+MAX_FACTS = 200
+"""CPU budget: the most facts read from one text (the first ones; a real message holds a few dozen at most)."""
+CACHE_MAX_BYTES = 8 * 1024 * 1024
+"""The process's cache of facts per text is bounded to this many bytes (texts and facts; least recently used
+out); a text larger than ``CACHE_ENTRY_MAX_BYTES`` is read without being kept."""
+CACHE_ENTRY_MAX_BYTES = 64 * 1024
+_cache: ByteCache[tuple[str, ...]] = ByteCache(CACHE_MAX_BYTES, CACHE_ENTRY_MAX_BYTES)
+
+
 def _extract(text: str) -> tuple[str, ...]:
+    found = _cache.get(text)
+    if found is None:
+        found = _read_facts(text)
+        _cache.put(text, found, text_bytes(text) + sum(text_bytes(f) + 8 for f in found) + 200)
+    return found
+
+
+def _read_facts(text: str) -> tuple[str, ...]:
     plain = FENCED_CODE_RE.sub(lambda m: " " * len(m.group(0)), text)
     spans = _latin(plain)
     if CJK_RE.search(plain):
         spans.extend(_chinese(plain))
     spans.sort(key=lambda s: s[0])
-    unique: list[str] = []
+    unique: dict[str, None] = {}
     for _, value in spans:
         value = value.strip()
-        if value and value not in unique:
-            unique.append(value)
-    kept = [v for v in unique if not any(v != other and v in other for other in unique)]
+        if value:
+            unique.setdefault(value)
+            if len(unique) >= MAX_FACTS:
+                break
+    kept = _outermost(list(unique))
     return tuple(v for v in kept if fact_present(v, text))  # only what can be checked word for word
+
+
+def _outermost(facts: list[str]) -> list[str]:
+    """``facts`` (unique) without those contained in another of them, in order; one search of all the facts
+    per fact (a fact found twice in them, with a separator between facts, is inside another)."""
+    joined = "\x00".join(facts)
+    if any("\x00" in f for f in facts):
+        return [v for v in facts if not any(v != other and v in other for other in facts)]
+    return [v for v in facts if joined.count(v) < 2]
 
 
 def extract_facts(text: str) -> list[str]:
@@ -279,10 +316,25 @@ def extract_facts(text: str) -> list[str]:
 
 
 def fact_present(fact: str, text: str) -> bool:
-    """True when ``fact`` appears in ``text`` word for word (not inside a longer Latin word or number)."""
-    start = r"(?<![A-Za-z0-9])" if fact[:1].isascii() and fact[:1].isalnum() else ""
-    end = r"(?![A-Za-z0-9])" if fact[-1:].isascii() and fact[-1:].isalnum() else ""
-    return re.search(start + re.escape(fact) + end, text) is not None
+    """True when ``fact`` appears in ``text`` word for word (not inside a longer Latin word or number).
+
+    Linear in ``len(text)`` (string searches, no pattern compiled per fact)."""
+    if not fact:
+        return True
+    start = _ascii_alnum(fact[0])
+    end = _ascii_alnum(fact[-1])
+    at = text.find(fact)
+    while at >= 0:
+        after = at + len(fact)
+        if not (start and at > 0 and _ascii_alnum(text[at - 1])) and \
+                not (end and after < len(text) and _ascii_alnum(text[after])):
+            return True
+        at = text.find(fact, at + 1)
+    return False
+
+
+def _ascii_alnum(char: str) -> bool:
+    return char.isascii() and char.isalnum()
 
 
 def unread_share(text: str) -> float:
@@ -329,9 +381,8 @@ def check_facts(facts: Sequence[str], *texts: str | Iterable[str]) -> FactCheck:
 
 def facts_of(texts: Iterable[str]) -> list[str]:
     """The facts of several texts, in order, without duplicates or facts contained in a longer one."""
-    facts: list[str] = []
+    facts: dict[str, None] = {}
     for text in texts:
         for fact in extract_facts(text):
-            if fact not in facts:
-                facts.append(fact)
-    return [f for f in facts if not any(f != other and f in other for other in facts)]
+            facts.setdefault(fact)
+    return _outermost(list(facts))

@@ -65,12 +65,13 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Iterable, Sequence
 
+from app.memory.cache import ByteCache, text_bytes
 from app.memory.compaction import forms
 from app.memory.compaction.facts import extract_facts, fact_present, states_decision
 from app.memory.compaction.notes import content_units
 from app.memory.recall import tokenize
 from app.memory.state import ThreadMessage
-from app.memory.text import CJK_RE, FENCED_CODE_RE, cut_at_word
+from app.memory.text import CJK_RE, FENCED_CODE_RE, cut_at_word, grapheme_prefix
 from app.memory.tokens import TokenCounter
 
 ABOUT, ASKED, PERSON, ASSISTANT, TOLD, TEXT = "about", "asked", "person", "assistant", "told", "text"
@@ -198,18 +199,71 @@ def _segmenter(language: str):
     return pysbd.Segmenter(language=language, clean=False)
 
 
+SBD_WINDOW_CHARS = 1000
+"""pysbd reads a paragraph at most this many characters at a time: its cost grows with the square of what it
+reads (``"好。" * 6000`` took 7 s read whole, 0.8 s by windows), so a longer paragraph is read window by window, each window's
+sentences but its last kept (``_segment``): linear in the paragraph, the same sentences as a whole read
+wherever pysbd decides from the text near a sentence end."""
+
+
+SENTENCES_CACHE_MAX_BYTES = 4 * 1024 * 1024
+"""The process's cache of split texts (a compaction splits each message several times) is bounded to this many
+bytes, least recently used out; a text of more than 64 KiB is split without being kept."""
+_split_cache: ByteCache[tuple[str, ...]] = ByteCache(SENTENCES_CACHE_MAX_BYTES, 64 * 1024)
+
+
 def sentences(text: str) -> list[str]:
-    """``text`` split into sentences (pysbd; Chinese rules when it holds Chinese), whitespace collapsed."""
+    """``text`` split into sentences (pysbd; Chinese rules when it holds Chinese), whitespace collapsed.
+
+    Linear in ``len(text)`` (``SBD_WINDOW_CHARS``); a text split before (``SENTENCES_CACHE_MAX_BYTES``)
+    is not split again.
+    """
+    found = _split_cache.get(text)
+    if found is None:
+        found = tuple(_split(text))
+        _split_cache.put(text, found, 2 * text_bytes(text) + 64 * len(found) + 200)
+    return list(found)
+
+
+def _split(text: str) -> list[str]:
     out: list[str] = []
     for paragraph in text.split("\n"):
         paragraph = _MARKDOWN_RE.sub("", paragraph).strip()
         if not paragraph:
             continue
         segmenter = _segmenter("zh" if CJK_RE.search(paragraph) else "en")
-        for piece in segmenter.segment(paragraph):
-            piece = re.sub(r"\s+", " ", piece).strip()
+        for piece in _segment(segmenter, paragraph):
+            piece = " ".join(piece.split())
             if piece:
                 out.append(piece)
+    return out
+
+
+def _segment(segmenter, paragraph: str) -> list[str]:
+    """pysbd's sentences of ``paragraph``, read ``SBD_WINDOW_CHARS`` characters at a time.
+
+    Each window keeps its sentences but the last (which may go on past the window) and the next window
+    starts where they end; a window with a single sentence is cut at its last white space past its middle
+    (else at a character boundary): a sentence longer than a window comes out in pieces.
+    """
+    out: list[str] = []
+    rest = paragraph
+    while len(rest) > SBD_WINDOW_CHARS:
+        window = grapheme_prefix(rest, SBD_WINDOW_CHARS) or rest[:SBD_WINDOW_CHARS]
+        pieces = segmenter.segment(window)
+        end = 0
+        for piece in pieces[:-1]:
+            at = window.find(piece, end)
+            if at < 0:  # not a piece of the window as written: stop here
+                break
+            out.append(piece)
+            end = at + len(piece)
+        if end == 0:
+            space = max(window.rfind(" "), window.rfind("\t"))
+            end = space + 1 if space >= len(window) // 2 else len(window)
+            out.append(window[:end])
+        rest = rest[end:]
+    out.extend(segmenter.segment(rest) if rest.strip() else [])
     return out
 
 
