@@ -126,3 +126,31 @@ def thread_id_from_events_channel(channel: str) -> str | None:
         if THREAD_ID_RE.match(candidate):
             return candidate
     return None
+
+
+# -- Clients and their quotas (README: Deployment, "Budgets") ------------------------------------------
+# A client is its session and, for what a session cannot bound, its network address.  The address is
+# never stored as such: ``client_tag`` is a hash of it.
+#
+# | key | type | holds |
+# | --- | --- | --- |
+# | ``ws:{cl:<tag>}:sockets`` | sorted set, PEXPIRE | one address's open websockets (``WS_MAX_PER_CLIENT``), as ``ws:{hex}:sockets`` |
+# | ``quota:LIMITER/<who>/<n>/<m>/<unit>`` | string, EX | a fixed-window counter of the ``limits`` library for ``quota_identity(kind, who)`` |
+
+QUOTA_KEY_PREFIX = "quota"  # the ``limits`` storage's key prefix (it appends ``:LIMITER/...``)
+
+
+def client_tag(address: str) -> str:
+    """A client's network address as it appears in key names: 24 hex of its SHA-256 (never the address)."""
+    return hashlib.sha256(address.encode("utf-8", "replace")).hexdigest()[:24]
+
+
+def client_sockets_key(address: str) -> str:
+    """The open websockets of one network address (a lease per socket, as ``ThreadKeys.sockets``)."""
+    return f"ws:{{cl:{client_tag(address)}}}:sockets"
+
+
+def quota_identity(kind: str, who: str) -> str:
+    """The identifier a rate limit of ``kind`` counts under for ``who`` (an address or a thread id), hashed:
+    ``<kind>:<24 hex>``.  The ``limits`` storage makes it the key ``quota:LIMITER/<identifier>/...``."""
+    return f"{kind}:{client_tag(who)}"
