@@ -75,6 +75,7 @@ export function connect() {
     conn.everConnected = true;
     conn.attempt = 0;
     conn.reconnectAt = 0;
+    conn.note = "";
     setConnection("connected", "Connected");
     updateBanner();
     hooks.onOpen(wasReconnect);
@@ -92,6 +93,7 @@ export function connect() {
     hooks.onClose();
     const next = afterClose(ev.code, conn.attempt);
     conn.attempt = next.attempt;
+    conn.note = next.note;
     if (next.action === "idle") { idleClosed(); return; }
     scheduleReconnect();
   });
