@@ -375,11 +375,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'attack':<18} {'honest done':>12} {'p50 ms':>7} {'p95 ms':>7} {'p50 x':>6} {'p95 x':>6} "
           f"{'web RSS':>8} {'att. req':>8} {'keys/req':>9} {'B/req':>7} {'kept B/req':>10} {'5xx':>4}")
     for r in rows:
-        per = max(1, r["requests"])
+        per = r["requests"]
+        own = (f"{r['keys'] / per:>9.3f} {r['bytes'] / per:>7.0f} {r['kept_bytes'] / per:>10.1f}" if per
+               else f"{'-':>9} {'-':>7} {'-':>10}")
         print(f"{r['attack']:<18} {r['completed']:>5}/{r['sent']:<6} {r['p50']:>7.0f} {r['p95']:>7.0f} "
               f"{r['p50'] / base['p50']:>6.2f} {r['p95'] / base['p95']:>6.2f} {r['rss']:>6.0f}Mi "
-              f"{r['requests']:>8} {r['keys'] / per:>9.3f} {r['bytes'] / per:>7.0f} {r['kept_bytes'] / per:>10.1f} "
-              f"{r['5xx']:>4}")
+              f"{r['requests']:>8} {own} {r['5xx']:>4}")
     turns = sum(h.completed + 1 for h in known)
     print(f"honest threads: {len(known)}, {turns} turns, {thread_bytes / max(1, len(known)):.0f} B per thread "
           f"({thread_bytes / max(1, turns):.0f} B per turn) in the store")
