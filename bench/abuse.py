@@ -297,6 +297,7 @@ def attacker_keys(web: Web, honest: list[Honest]) -> tuple[int, int, int, int]:
     own |= {client_tag(h.client.address) for h in honest}
     own |= {client_tag(h.client.thread_id) for h in honest if h.client.thread_id}  # per-session counters
     keys = kept = size = kept_size = 0
+    kept_names: list[str] = []
     for key in web.redis.scan_iter(count=1000):
         if any(tag in key for tag in own) or key.startswith(("health:", "caps:", "_kombu", "celery")):
             continue
@@ -307,7 +308,12 @@ def attacker_keys(web: Web, honest: list[Honest]) -> tuple[int, int, int, int]:
         ttl = web.redis.ttl(key)
         if ttl == -1 or ttl > 3600:
             kept, kept_size = kept + 1, kept_size + usage
+            kept_names.append(f"{key} ({usage} B, ttl {ttl})")
+    KEPT_NAMES[:] = kept_names
     return keys, size, kept, kept_size
+
+
+KEPT_NAMES: list[str] = []  # the kept keys found by the last ``attacker_keys`` (printed per phase)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -341,6 +347,9 @@ def run_phase(web: Web, attack: str | None, args, known: list[Honest]) -> dict:
     known.extend(honest)
     keys, size, kept, kept_size = attacker_keys(web, known)  # less those of earlier attackers (keys_before)
     all_before = keys_before[0]
+    if kept > keys_before[2]:
+        print(f"[{attack or 'none'}] keys kept (not an honest visitor's, outliving an hour): {KEPT_NAMES[:5]}",
+              flush=True)
     first = [ms for h in honest for ms in h.first_token_ms]
     requests_made = attacker.requests if attacker else 0
     return {

@@ -12,6 +12,7 @@ production default), so ``X-Forwarded-For`` names the client as a platform's rou
   another address is served meanwhile.
 - The store's budget: a first turn that wrote nothing leaves no key; past ``STORE_FULL_FRACTION`` of the
   store's ``maxmemory`` a new thread's turn is refused (``store_full``) while an existing thread goes on.
+- An incoming frame over 12 × ``MAX_INPUT_CHARS`` + 1024 bytes closes the socket (1009).
 - A reader that stops reading is dropped when its socket's queue is full; memory events keep reaching the
   session's other socket, and another visitor's turn on the same web completes.
 - Tidy input: a text of format characters only is ``empty_input``; pins compare without them; a path id that
@@ -181,6 +182,18 @@ def test_new_sockets_per_minute_per_address(web):
         ws.close()
     assert outcomes[:8] == ["served"] * 8 and outcomes[8] == 4430
     assert served_or_close(Client(web).open()) == "served"
+
+
+def test_incoming_frames_are_bounded(web):
+    client = Client(web)
+    ws = client.open()
+    [refused] = turn(ws, "x" * 20_000)  # over MAX_INPUT_CHARS, within the frame bound: the socket stays
+    assert refused["code"] == "input_too_long"
+    ws.send(json.dumps({"type": "message", "text": "x" * (12 * 12_000 + 1024)}))
+    with pytest.raises(websocket.WebSocketConnectionClosedException) as closed:
+        recv_json(ws)
+    assert closed.value.args[0] == 1009
+    client.close()
 
 
 # -- turns, sessions, API writes --------------------------------------------------------------------------------

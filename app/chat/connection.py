@@ -100,7 +100,7 @@ class FrameWriter:
 
     Attributes:
         closed: True once no more frames are accepted (closed, dropped, or the handler ended).
-        dropped: why the connection was dropped (``"queue_full"``, ``"send_timeout"``, ``"send_failed"``),
+        dropped: why the connection was dropped (``"queue_full"``, ``"send_timeout"``, ``"close_timeout"``),
             or None.
     """
 
@@ -114,6 +114,7 @@ class FrameWriter:
         self._sender: threading.Thread | None = None
         self._sent_close = threading.Event()
         self.max_queued_bytes = max_queued_bytes
+        self.send_timeout = send_timeout
         self.closed = False
         self.dropped: str | None = None
         raw = getattr(ws, "sock", None)
@@ -152,8 +153,8 @@ class FrameWriter:
     def close(self, code: int, reason: str, *, wait: float = CLOSE_WAIT_SECONDS) -> None:
         """Close the socket with ``code`` and ``reason`` after the frames already queued; nothing raised.
 
-        Waits for the queue to be written (within the send timeout), then up to ``wait`` seconds for the
-        peer's closing frame (simple-websocket's reader thread ends when it arrives), so a browser sees
+        Waits for the queue to be written (the connection is dropped instead when that takes longer than
+        the send timeout and ``CLOSE_WAIT_SECONDS``), then up to ``wait`` seconds for the peer's closing frame (simple-websocket's reader thread ends when it arrives), so a browser sees
         the code, not a reset connection.
         """
         with self._cond:
@@ -165,7 +166,11 @@ class FrameWriter:
             self._cond.notify()
         sender = self._sender
         if sender is not None and sender is not threading.current_thread():
-            sender.join()
+            sender.join(self.send_timeout + CLOSE_WAIT_SECONDS)
+            if sender.is_alive():  # a peer that takes its frames too slowly: no clean close for it
+                with self._cond:
+                    self._drop_locked("close_timeout")
+                return
         if not self._sent_close.is_set():
             return
         reader = getattr(self._ws, "thread", None)
