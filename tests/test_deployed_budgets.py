@@ -154,7 +154,7 @@ def test_a_cookieless_upgrade_is_refused_and_holds_nothing(web):
     assert web.redis.dbsize() == keys_before  # no session, no counter, no lease: nothing kept
     visitor = Client(web)
     ws = visitor.open()
-    assert served_or_close(ws) == "served"
+    assert served_or_close(ws) == "served"  # every socket place is free
     assert turn(ws, "hello")[-1]["status"] == "completed"
     visitor.close()
 
@@ -181,7 +181,9 @@ def test_new_sockets_per_minute_per_address(web):
         outcomes.append(served_or_close(ws))
         ws.close()
     assert outcomes[:8] == ["served"] * 8 and outcomes[8] == 4430
-    assert served_or_close(Client(web).open()) == "served"
+    other = Client(web)
+    assert served_or_close(other.open()) == "served"
+    other.close()
 
 
 def test_incoming_frames_are_bounded(web):
@@ -210,9 +212,9 @@ def test_turns_per_minute_per_session_then_per_address(web):
     assert turn(ws2, "the address's third")[-1]["status"] == "completed"
     [refused] = turn(ws2, "the address's fourth")
     assert refused["code"] == "rate_limited"
-    elsewhere = Client(web).open()
-    assert turn(elsewhere, "another address")[-1]["status"] == "completed"
-    for client in (one, two):
+    three = Client(web)
+    assert turn(three.open(), "another address")[-1]["status"] == "completed"
+    for client in (one, two, three):
         client.close()
 
 
@@ -264,7 +266,9 @@ def test_past_the_store_bound_new_threads_are_refused_and_existing_ones_go_on(we
 
     def first_turn(text: str) -> list[dict]:  # each try a new thread (a completed one exists from then on)
         newcomers.append(Client(web))
-        return turn(newcomers[-1].open(), text)
+        frames = turn(newcomers[-1].open(), text)
+        newcomers[-1].close()  # the web serves 2 x 12 sockets here (WEB_THREADS=16)
+        return frames
     try:
         # each web process reads the store's used memory at most every 5 s: polled until both have
         assert wait_until(lambda: first_turn("a new thread")[0].get("code") == "store_full", timeout=20, interval=0.5)
@@ -291,9 +295,10 @@ def test_a_reader_that_stops_reading_is_dropped_and_blocks_no_one(web, model):
     web.redis.publish(ThreadKeys(thread_id).events, json.dumps(event))
     assert recv_json(listener) == event
     model.default = Reply(text="a short answer")
-    other = Client(web).open()
-    assert turn(other, "still served")[-1]["status"] == "completed"
-    client.close()
+    other = Client(web)
+    assert turn(other.open(), "still served")[-1]["status"] == "completed"
+    for each in (client, other):
+        each.close()
 
 
 # -- tidy input -------------------------------------------------------------------------------------------------
