@@ -20,7 +20,8 @@ or script of the project names keys of two threads, and nothing scans the keyspa
 | ``obs:{metrics}:worker`` | hash | counters and duration buckets added by Celery workers (``app.observability.metrics``) |
 | ``health:{probe}`` | string, EX | the web processes' write probe (``/healthz``: is the store taking writes?) |
 
-The last three are the only keys that belong to no thread.  On a cluster each is one key on one
+The last three, and the clients' quota keys (listed with their builders at the end of this module),
+are the only keys that belong to no thread.  On a cluster each is one key on one
 node: the provider record is read once per model call and written once per refusal; the worker
 hash takes one ``HINCRBY`` batch per compaction (a few thousand a second would be the first hot
 spot; split it per worker then).  Neither is memory: losing either in a failover loses counters or
