@@ -3,6 +3,7 @@
 - ``TRUSTED_HOSTS``: outside production only loopback names are served (a DNS-rebinding page gets 400
   ``untrusted_host`` for every route, the upgrade included); in production the hosts of ``ALLOWED_ORIGINS``.
 - The quotas take their production defaults only in production (0, no limit, elsewhere) unless set.
+- The quota counters, socket leases and stats script work on one Redis and on a Redis Cluster.
 - A peer that stops reading while its frames still fit the queue is dropped when one write takes longer
   than ``WS_SEND_TIMEOUT_SECONDS``; the app's other sockets are served meanwhile (a real server, real sockets).
 """
@@ -11,12 +12,14 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 import socket
 
 import pytest
 import websocket
 
 from app.settings import QUOTA_DEFAULTS, Settings
+from app.store.keys import ThreadKeys
 from tests.fake_llm import Reply
 from tests.fixtures.live_app import ChatClient
 from tests.polling import wait_until
@@ -82,3 +85,28 @@ def test_a_write_that_takes_too_long_drops_the_socket_and_no_one_else_waits(make
     assert other.turn("still served")[-1]["status"] == "completed"
     other.close()
     stuck.ws.close()
+
+
+@pytest.mark.parametrize("store", ["one", "cluster"])
+def test_the_quotas_count_in_one_redis_and_in_a_cluster(store, redis_url, request):
+    from app.store.quotas import Quotas
+    from app.store.redis_client import make_redis
+
+    url = redis_url if store == "one" else request.getfixturevalue("cluster_url")
+    client = make_redis(url, cluster=store == "cluster")
+    quotas = Quotas(client, redis_url=url, cluster=store == "cluster")
+    who = f"192.0.2.{secrets.randbelow(250)}-{secrets.token_hex(4)}"
+    assert [quotas.hit("test", who, "3/minute") for _ in range(4)] == [True, True, True, False]
+    assert 1 <= quotas.retry_after("test", who, "3/minute") <= 61
+    assert quotas.hit("test", who, "0") and quotas.hit("test", who, "")
+    assert [quotas.claim_client_socket(who, s, most=2, lease_seconds=60) for s in "abc"] == [True, True, False]
+    quotas.release_client_socket(who, "a")
+    assert quotas.claim_client_socket(who, "c", most=2, lease_seconds=60)
+    thread_id = "chat:" + secrets.token_hex(32)
+    assert quotas.record_turn_stats(thread_id, "{}", most=5, ttl_seconds=60) is False
+    assert not quotas.thread_exists(thread_id) and client.exists(ThreadKeys(thread_id).stats) == 0
+    client.hset(ThreadKeys(thread_id).state, "v", 1)
+    assert quotas.record_turn_stats(thread_id, "{}", most=5, ttl_seconds=60) is True
+    assert client.lrange(ThreadKeys(thread_id).stats, 0, -1) == ["{}"]
+    fraction = quotas.used_memory_fraction()
+    assert fraction is None or 0 < fraction

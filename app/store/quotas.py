@@ -55,8 +55,8 @@ class Quotas:
         self.client = client
         if cluster:
             scheme, rest = redis_url.split("://", 1)
-            storage = RedisClusterStorage(f"{'rediss' if scheme == 'rediss' else 'redis'}+cluster://{rest}",
-                                          key_prefix=QUOTA_KEY_PREFIX)
+            tls = {"ssl": True, "ssl_cert_reqs": "none"} if scheme == "rediss" else {}  # as the store's client
+            storage = RedisClusterStorage(f"redis+cluster://{rest}", key_prefix=QUOTA_KEY_PREFIX, **tls)
         else:
             storage = RedisStorage(redis_url, connection_pool=client.connection_pool, key_prefix=QUOTA_KEY_PREFIX)
         self._limiter = FixedWindowRateLimiter(storage)
