@@ -64,6 +64,12 @@ def test_a_rebinding_page_is_refused_on_every_route(web, method, path):
     assert "chat_session" not in response.headers.get("Set-Cookie", "")
 
 
+def test_refusals_are_counted(web):
+    web.get("/api/chat/thread", headers={"Host": "rebind.example"})
+    metrics = web.get("/metrics").get_data(as_text=True)
+    assert 'chat_client_refusals_total{budget="untrusted_host"}' in metrics
+
+
 def test_a_loopback_page_is_served(web):
     assert web.delete("/api/chat/thread", headers={"Host": "127.0.0.1:5000",
                                                    "Origin": "http://127.0.0.1:5000"}).status_code == 204

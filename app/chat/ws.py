@@ -25,7 +25,7 @@ from app.chat.turn import Turn
 from app.extensions import Services, services
 from app.identity import current_thread_id
 from app.memory.context import ContextTooLong
-from app.observability.metrics import websocket_closed, websocket_opened
+from app.observability.metrics import count_refusal, websocket_closed, websocket_opened
 from app.runtime.producers import CommandError, choose_producer
 from app.store.redis_client import make_redis
 from app.store.thread_store import CorruptState, StoreUnavailable
@@ -92,6 +92,7 @@ def chat_socket(ws):
     writer = FrameWriter(ws, send_timeout=settings.ws_send_timeout, max_queued_bytes=settings.ws_send_queue_bytes)
     if not OPEN_SOCKETS.enter(settings.ws_per_worker_limit):
         log.warning("websocket refused: this worker serves %d sockets already", settings.ws_per_worker_limit)
+        count_refusal("ws_worker")
         writer.close(CLOSE_BUSY, "server busy")
         return
     try:
@@ -103,6 +104,8 @@ def chat_socket(ws):
         writer.close(CLOSE_INTERNAL, "internal error")
     finally:
         writer.finish()
+        if writer.dropped:
+            count_refusal(writer.dropped)
         OPEN_SOCKETS.leave()
 
 
@@ -130,9 +133,11 @@ def _client_refusal(svc: Services, address: str, socket_id: str) -> tuple[int, s
     quotas = svc.settings.client_quotas
     try:
         if quotas.ws_new_per_minute and not svc.quotas.hit("ws_new", address, f"{quotas.ws_new_per_minute}/minute"):
+            count_refusal("ws_new")
             return CLOSE_RATE_LIMITED, "too many new connections"
         if quotas.ws_max_per_client and not svc.quotas.claim_client_socket(
                 address, socket_id, most=quotas.ws_max_per_client, lease_seconds=LEASE_SECONDS):
+            count_refusal("ws_client")
             return CLOSE_SESSION_LIMIT, "too many open chats from your network"
     except StoreUnavailable:
         log.warning("client socket limits not checked: store unavailable")
@@ -168,6 +173,7 @@ def _serve_claimed(ws, writer: FrameWriter, svc: Services, thread_id: str, addre
     settings = svc.settings
     if not _claim_session_place(svc, thread_id, socket_id):
         log.info("websocket of %s refused: %d open already", thread_id[:13], settings.ws_max_per_session)
+        count_refusal("ws_session")
         writer.close(CLOSE_SESSION_LIMIT, "too many open chats", wait=0.5)
         return
     hub = event_hub()
@@ -228,10 +234,12 @@ def _turn_refusal(svc: Services, thread_id: str, address: str) -> tuple[str, str
         for kind, who, most in (("turn_session", thread_id, quotas.turns_per_minute_per_session),
                                 ("turn_client", address, quotas.turns_per_minute_per_client)):
             if most and not svc.quotas.hit(kind, who, f"{most}/minute"):
+                count_refusal(kind.replace("turn_", "turns_"))
                 wait = svc.quotas.retry_after(kind, who, f"{most}/minute")
                 return ("rate_limited", f"You're sending messages too fast. Please wait {wait} s and try again.",
                         wait)
         if store_full(svc) and not svc.quotas.thread_exists(thread_id):
+            count_refusal("store_full")
             return ("store_full", "The service is full right now, so new conversations can't start. "
                                   "Please try again later.", None)
     except StoreUnavailable:

@@ -27,6 +27,7 @@ from werkzeug.middleware.proxy_fix import ProxyFix
 
 from app.extensions import services
 from app.identity import has_session
+from app.observability.metrics import count_refusal
 from app.settings import Settings
 from app.store.thread_store import StoreUnavailable
 from app.web.responses import ApiError, error_response
@@ -65,6 +66,7 @@ def refuse_untrusted_host():
     if services().settings.host_allowed(request.host):
         return None
     log.info("%s %s refused: untrusted Host", request.method, request.path)
+    count_refusal("untrusted_host")
     return error_response(400, *UNTRUSTED_HOST)
 
 
@@ -73,6 +75,7 @@ def refuse_cookieless_upgrade():
     if request.path != WEBSOCKET_PATH or has_session():
         return None
     log.info("websocket refused: no session cookie")
+    count_refusal("no_session")
     return error_response(403, *NO_SESSION)
 
 
@@ -84,6 +87,7 @@ def limit_api_writes():
     address, limit = client_address(), f"{most}/minute"
     if not _over("api_write", address, limit):
         return None
+    count_refusal("api_writes")
     wait = _retry_after("api_write", address, limit)
     response = error_response(429, "rate_limited", f"Too many changes in a short time. Please wait {wait} s.")
     response.headers["Retry-After"] = str(wait)
@@ -100,6 +104,7 @@ def session_gate() -> None:
     most = services().settings.client_quotas.sessions_per_hour_per_client
     if most and _over("session_new", client_address(), f"{most}/hour"):
         log.info("new session refused: the address's hourly quota is spent")
+        count_refusal("sessions")
         raise ApiError(429, "session_limit", "Too many new chats were started from your network. "
                                              "Please try again later.")
 
