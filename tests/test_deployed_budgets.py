@@ -225,6 +225,9 @@ def test_new_sessions_per_hour_per_address(web):
     refused = fresh.request("GET", "/api/chat/thread")
     assert refused.status_code == 429 and refused.json()["error"]["code"] == "session_limit"
     assert "chat_session" not in refused.cookies
+    page = fresh.request("GET", "/")  # a person opening the page is told in words
+    assert page.status_code == 429 and page.headers["Content-Type"].startswith("text/plain")
+    assert "Too many new chats" in page.text
     assert all(c.request("GET", "/api/chat/thread").status_code == 200 for c in clients)  # sessions go on
     assert Client(web).request("GET", "/api/chat/thread").status_code == 200  # another address
 
