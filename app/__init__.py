@@ -29,6 +29,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     configure(app, settings)
     register_extensions(app, settings)
     register_blueprints(app)
+    register_client_rules(app, settings)
     register_errorhandlers(app)
     register_security_headers(app)
     return app
@@ -78,6 +79,13 @@ def register_blueprints(app: Flask) -> None:
     app.register_blueprint(chat_bp)
     for blueprint in api_blueprints:
         app.register_blueprint(blueprint)
+
+
+def register_client_rules(app: Flask, settings: Settings) -> None:
+    """Trusted proxies and hosts, the websocket's session cookie, per-client quotas (``app.web.clients``)."""
+    from app.web.clients import install_client_rules
+
+    install_client_rules(app, settings)
 
 
 CONTENT_SECURITY_POLICY = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "

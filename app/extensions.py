@@ -21,6 +21,7 @@ from app.memory.tokens import TokenCounter, counter_for
 from app.observability.metrics import count_store_error
 from app.settings import Settings
 from app.store.provider_caps import ProviderCaps
+from app.store.quotas import Quotas
 from app.store.redis_client import make_redis
 from app.store.thread_store import ThreadStore
 
@@ -44,6 +45,11 @@ class Services:
         return ThreadStore(self.redis, self.settings.limits, self.settings.memory_ttl_seconds,
                            on_error=count_store_error, wait_replicas=self.settings.memory_wait_replicas,
                            wait_timeout_ms=self.settings.memory_wait_timeout_ms)
+
+    @cached_property
+    def quotas(self) -> Quotas:
+        """Per-client counters and the store's budget (README: Deployment, "Budgets")."""
+        return Quotas(self.redis, redis_url=self.settings.redis_url, cluster=self.settings.redis_cluster)
 
     @cached_property
     def counter(self) -> TokenCounter:

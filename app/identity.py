@@ -26,10 +26,23 @@ def thread_id_for(secret_key: str, session_id: str) -> str:
     return "chat:" + digest
 
 
+def has_session() -> bool:
+    """True when the request carries a valid session (a signed cookie holding a well-formed id)."""
+    sid = session.get(SESSION_KEY)
+    return isinstance(sid, str) and _SID_RE.match(sid) is not None
+
+
 def current_session_id() -> str:
-    """Return this browser's session id, starting a fresh session when the cookie is absent or invalid."""
+    """Return this browser's session id, starting a fresh session when the cookie is absent or invalid.
+
+    Raises:
+        whatever the session gate raises when a fresh session is refused (see the module's docstring).
+    """
     sid = session.get(SESSION_KEY)
     if not isinstance(sid, str) or not _SID_RE.match(sid):
+        gate = current_app.extensions.get("session_gate")
+        if gate is not None:
+            gate()
         session.clear()
         sid = secrets.token_hex(32)
         session[SESSION_KEY] = sid

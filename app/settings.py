@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import secrets
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlparse
@@ -183,6 +184,39 @@ def dev_secret_key() -> str:
     return key
 
 
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1", "[::1]")
+
+# Production defaults of the per-client budgets (README: Deployment, "Budgets").
+QUOTA_DEFAULTS = {
+    "ws_max_per_client": 16,            # open websockets of one network address, over every web process
+    "ws_new_per_minute": 30,            # new websockets of one address per minute
+    "turns_per_minute_per_client": 30,  # turns of one address per minute
+    "turns_per_minute_per_session": 12,  # turns of one session per minute
+    "sessions_per_hour_per_client": 60,  # new sessions (cookies) handed to one address per hour
+    "api_writes_per_minute": 120,       # pin, note, feedback and clear requests of one address per minute
+}
+
+
+@dataclass(frozen=True)
+class ClientQuotas:
+    """The per-client budgets in force (``Settings.client_quotas``); 0 is no limit."""
+
+    ws_max_per_client: int
+    ws_new_per_minute: int
+    turns_per_minute_per_client: int
+    turns_per_minute_per_session: int
+    sessions_per_hour_per_client: int
+    api_writes_per_minute: int
+
+
+def _host_name(host: str) -> str:
+    """A ``Host`` header's name: lowercase, without the port (an IPv6 literal keeps its brackets)."""
+    host = (host or "").strip().lower()
+    if host.startswith("["):
+        return host.split("]", 1)[0] + "]"
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
 class Settings(BaseSettings):
     """The application's configuration: build it with ``Settings.from_env()`` (or keyword arguments in tests).
 
@@ -250,6 +284,26 @@ class Settings(BaseSettings):
     # Open websockets per web worker process (code 1013 beyond it); 0: derived from WEB_THREADS
     # (``ws_per_worker_limit``), always below it so HTTP requests keep a connection slot.
     ws_max_per_worker: int = Field(0, validation_alias="WS_MAX_PER_WORKER", ge=0)
+    # -- Clients and their budgets (README: Deployment, "Budgets"); a quota of 0 is no limit.  Unset quotas
+    # take ``QUOTA_DEFAULTS`` in production and 0 elsewhere (``client_quotas``).
+    # Proxies in front of the web whose X-Forwarded-For is trusted (werkzeug's ProxyFix); unset: 1 in
+    # production (the platform's router), 0 elsewhere.
+    trusted_proxies: int | None = Field(None, validation_alias="TRUSTED_PROXIES", ge=0, le=8)
+    # Host names requests may name (comma-separated; a leading "." allows subdomains); unset: in production
+    # the hosts of ALLOWED_ORIGINS (any host when none), elsewhere loopback names only (``host_allowed``).
+    trusted_hosts: tuple[str, ...] = Field((), validation_alias="TRUSTED_HOSTS")
+    ws_max_per_client: int | None = Field(None, validation_alias="WS_MAX_PER_CLIENT", ge=0)
+    ws_new_per_minute: int | None = Field(None, validation_alias="WS_NEW_PER_MINUTE", ge=0)
+    turns_per_minute_per_client: int | None = Field(None, validation_alias="TURNS_PER_MINUTE_PER_CLIENT", ge=0)
+    turns_per_minute_per_session: int | None = Field(None, validation_alias="TURNS_PER_MINUTE_PER_SESSION", ge=0)
+    sessions_per_hour_per_client: int | None = Field(None, validation_alias="SESSIONS_PER_HOUR_PER_CLIENT", ge=0)
+    api_writes_per_minute: int | None = Field(None, validation_alias="API_WRITES_PER_MINUTE", ge=0)
+    # New threads are refused (store_full) while the store's used memory is past this share of its maxmemory.
+    store_full_fraction: float = Field(0.9, validation_alias="STORE_FULL_FRACTION", gt=0, le=1)
+    # A frame not written within this many seconds closes its socket (a peer that stopped reading).
+    ws_send_timeout: float = Field(10.0, validation_alias="WS_SEND_TIMEOUT_SECONDS", gt=0)
+    # Bytes of frames waiting to go out on one socket; past it the socket is closed (1008).
+    ws_send_queue_bytes: int = Field(1 << 20, validation_alias="WS_SEND_QUEUE_BYTES", ge=4096)
     # How long /healthz trusts its last store write probe (seconds; 0: probe on every call).
     health_write_probe_interval: float = Field(10.0, validation_alias="HEALTH_WRITE_PROBE_SECONDS", ge=0)
     redis_socket_timeout: float = Field(2.0, validation_alias="REDIS_SOCKET_TIMEOUT_SECONDS", gt=0)
@@ -294,6 +348,15 @@ class Settings(BaseSettings):
             value = value.split(",")
         if isinstance(value, (list, tuple)):
             return tuple(o.strip().rstrip("/") for o in value if isinstance(o, str) and o.strip())
+        return value
+
+    @field_validator("trusted_hosts", mode="before")
+    @classmethod
+    def _split_hosts(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = value.split(",")
+        if isinstance(value, (list, tuple)):
+            return tuple(h.strip().lower() for h in value if isinstance(h, str) and h.strip())
         return value
 
     @field_validator("allowed_origins")
@@ -363,6 +426,42 @@ class Settings(BaseSettings):
         if self.ws_max_per_worker:
             return self.ws_max_per_worker
         return max(1, self.web_threads - max(2, self.web_threads // 4))
+
+    @property
+    def client_quotas(self) -> "ClientQuotas":
+        """The per-client budgets in force: each variable as set, else ``QUOTA_DEFAULTS`` in production and
+        0 (no limit) elsewhere."""
+        def pick(name: str) -> int:
+            value = getattr(self, name)
+            if value is not None:
+                return value
+            return QUOTA_DEFAULTS[name] if self.production else 0
+        return ClientQuotas(**{name: pick(name) for name in QUOTA_DEFAULTS})
+
+    @property
+    def proxies_trusted(self) -> int:
+        """``TRUSTED_PROXIES``, else 1 in production and 0 elsewhere."""
+        if self.trusted_proxies is not None:
+            return self.trusted_proxies
+        return 1 if self.production else 0
+
+    def host_allowed(self, host: str) -> bool:
+        """True when a request's ``Host`` (port stripped, lowercase) may be served: in ``TRUSTED_HOSTS`` (an
+        entry ``.example.com`` also allows its subdomains); with none set, in production a host of
+        ``ALLOWED_ORIGINS`` (any host when none is set), elsewhere a loopback name only."""
+        name = _host_name(host)
+        trusted = self.trusted_hosts
+        if not trusted:
+            if not self.production:
+                trusted = LOOPBACK_HOSTS
+            elif self.allowed_origins:
+                trusted = tuple(_host_name(urlparse(o).netloc) for o in self.allowed_origins)
+            else:
+                return bool(name)
+        for entry in trusted:
+            if name == entry or (entry.startswith(".") and (name.endswith(entry) or name == entry[1:])):
+                return True
+        return False
 
     @property
     def warms_prompts(self) -> bool:

@@ -107,13 +107,26 @@ def test_stats_keep_every_turn_with_its_own_sections(chat, fake_llm):
 
 
 def test_a_failed_turn_is_accounted_and_nothing_else_changes(chat, fake_llm):
+    assert chat.turn("a first question")[-1]["status"] == "completed"
+    before = chat.thread()["messages"]
     fake_llm.default = Reply(status=400, error_message="bad request")
     frames = chat.turn("this one fails")
     assert frames[-1]["status"] == "failed"
-    [turn] = get(chat, "/api/chat/stats").json()["turns"]
+    first, turn = get(chat, "/api/chat/stats").json()["turns"]
+    assert first["status"] == "completed"
     assert turn["status"] == "failed" and turn["completionTokens"] == 0
     assert turn["promptTokens"] == sum(count_message(m) for m in fake_llm.last_request().messages) + 3
-    assert chat.thread()["messages"] == []
+    assert chat.thread()["messages"] == before
+
+
+def test_a_first_turn_that_wrote_nothing_leaves_no_key(chat, fake_llm, redis_client):
+    # README: Deployment, "Budgets": statistics live with their thread or not at all
+    thread_id = chat.thread()["threadId"]
+    fake_llm.default = Reply(status=400, error_message="bad request")
+    assert chat.turn("this one fails")[-1]["status"] == "failed"
+    assert get(chat, "/api/chat/stats").json()["turns"] == []
+    keys = ThreadKeys(thread_id)
+    assert redis_client.exists(keys.state, keys.stats) == 0
 
 
 def test_stats_list_the_compaction_history_oldest_first(chat, redis_client):

@@ -10,6 +10,7 @@ ignored (marshmallow's ``EXCLUDE``): a newer page may send more than this server
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -78,6 +79,20 @@ def text_is_storable(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def without_format_characters(text: str) -> str:
+    """``text`` without its invisible format characters (Unicode category Cf: zero-width spaces and joiners,
+    bidirectional marks, the soft hyphen, the byte order mark...).  Used to judge a text (is it blank? are
+    two pins the same?), never to change what is stored."""
+    if text.isascii():
+        return text
+    return "".join(ch for ch in text if unicodedata.category(ch) != "Cf")
+
+
+def is_blank(text: str) -> bool:
+    """True when ``text`` holds nothing visible: only whitespace and format characters (category Cf)."""
+    return not without_format_characters(text).strip()
 
 
 def refuse(refusal: Refusal) -> ValidationError:

@@ -1,8 +1,17 @@
 """One websocket connection's writer, and its prompt warm-up after a compaction.
 
-flask-sock (simple-websocket) corrupts frames when two threads send at once; the
-turn thread, the socket's reader and the memory-event hub all send through
-``FrameWriter.send``, whose one lock keeps frames from interleaving.
+``FrameWriter`` is the socket's one writer (README: Deployment, "Budgets"; docs/contract.md: WebSocket):
+
+- ``send`` only puts the frame on the socket's outgoing queue and returns at once, so the turn thread,
+  the socket's reader and the process's memory-event hub never wait on a slow peer.  One sender thread
+  per socket writes the queue in order.
+- The queue holds at most ``max_queued_bytes`` (``WS_SEND_QUEUE_BYTES``); a frame beyond it drops the
+  connection (a peer that stopped reading), and every later ``send`` answers False.
+- Every write completes within ``send_timeout`` seconds (``WS_SEND_TIMEOUT_SECONDS``) or the connection is
+  dropped.
+- simple-websocket's own reader thread also writes (pings, pongs, the close reply) and writes with one
+  ``send`` that may write part of a frame under gevent; ``GuardedSocket`` makes every write of the
+  connection, ours and the reader's, one ``sendall`` under one lock, so frames never interleave.
 
 ``CompactionWarmup`` listens to the same memory events as the writer: when a
 compaction of the socket's thread was applied (``memory`` ``succeeded``) it sends
@@ -14,7 +23,9 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import threading
+from collections import deque
 from typing import Callable
 
 import orjson
@@ -29,58 +40,196 @@ from app.store.thread_store import CorruptState, StoreUnavailable
 log = logging.getLogger(__name__)
 
 CLOSE_WAIT_SECONDS = 2.0  # longest wait for the peer's closing frame after the server closes
+SEND_TIMEOUT_SECONDS = 10.0
+MAX_QUEUED_BYTES = 1 << 20
+
+
+class GuardedSocket:
+    """A connection's socket whose every ``send`` is one ``sendall`` under one lock, within a time limit.
+
+    Args:
+        sock: the connection's socket (gevent's or the standard library's).
+        lock: the lock every writer of the connection takes.
+        send_timeout: seconds a write may take (the socket's timeout; reads are unaffected in practice:
+            simple-websocket reads only after its selector said the socket is readable).
+    """
+
+    def __init__(self, sock, lock: threading.Lock, send_timeout: float):
+        self._sock = sock
+        self._lock = lock
+        try:
+            sock.settimeout(send_timeout)
+        except (OSError, AttributeError):
+            pass
+
+    def send(self, data) -> int:
+        with self._lock:
+            self._sock.sendall(data)
+        return len(data)
+
+    def sendall(self, data) -> None:
+        self.send(data)
+
+    def recv(self, size: int) -> bytes:
+        try:
+            return self._sock.recv(size)
+        except socket.timeout:
+            raise OSError("read timed out") from None
+
+    def abort(self) -> None:
+        """Drop the connection now (a write blocked on it fails at once); nothing raised."""
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except (OSError, AttributeError):
+            pass
+
+    def __getattr__(self, name):
+        return getattr(self._sock, name)
+
+
+_CLOSE = object()
 
 
 class FrameWriter:
-    """Serialises JSON frames onto one websocket.
+    """The one writer of one websocket: a bounded outgoing queue and its sender thread.
 
     Args:
-        ws: the flask-sock websocket.
+        ws: the flask-sock (simple-websocket) connection.
+        send_timeout: seconds one write may take before the connection is dropped.
+        max_queued_bytes: most bytes of frames waiting to go out before the connection is dropped.
+
+    Attributes:
+        closed: True once no more frames are accepted (closed, dropped, or the handler ended).
+        dropped: why the connection was dropped (``"queue_full"``, ``"send_timeout"``, ``"close_timeout"``),
+            or None.
     """
 
-    def __init__(self, ws):
+    def __init__(self, ws, *, send_timeout: float = SEND_TIMEOUT_SECONDS,
+                 max_queued_bytes: int = MAX_QUEUED_BYTES):
         self._ws = ws
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()        # the connection's write lock (GuardedSocket)
+        self._cond = threading.Condition()   # the queue's
+        self._queue: deque = deque()
+        self._queued_bytes = 0
+        self._sender: threading.Thread | None = None
+        self._sent_close = threading.Event()
+        self.max_queued_bytes = max_queued_bytes
+        self.send_timeout = send_timeout
         self.closed = False
+        self.dropped: str | None = None
+        raw = getattr(ws, "sock", None)
+        self._guarded = GuardedSocket(raw, self._lock, send_timeout) if raw is not None else None
+        if self._guarded is not None:
+            ws.sock = self._guarded
+
+    @staticmethod
+    def encode(frame: dict) -> str:
+        """A frame as compact JSON text (UTF-8 as is)."""
+        try:
+            return orjson.dumps(frame).decode()  # a few times faster than json.dumps, on every delta frame
+        except TypeError:  # what orjson refuses (a lone surrogate, a huge int) json still writes
+            return json.dumps(frame, separators=(",", ":"))  # escaped: a lone surrogate cannot be UTF-8
 
     def send(self, frame: dict) -> bool:
-        """Send one frame (compact JSON, UTF-8 as is); False (and nothing raised) when the socket is closed."""
-        try:
-            data = orjson.dumps(frame).decode()  # a few times faster than json.dumps, on every delta frame
-        except TypeError:  # what orjson refuses (a lone surrogate, a huge int) json still writes
-            data = json.dumps(frame, separators=(",", ":"))  # escaped: a lone surrogate cannot be UTF-8
-        with self._lock:
+        """Queue one frame; False (nothing raised) when the socket is closed or was just dropped because its
+        queue is full.  Never waits on the peer."""
+        data = self.encode(frame)
+        with self._cond:
             if self.closed:
                 return False
-            try:
-                self._ws.send(data)
-                return True
-            except (ConnectionClosed, OSError):
-                self.closed = True
+            if self._queued_bytes + len(data) > self.max_queued_bytes:
+                self._drop_locked("queue_full")
                 return False
+            self._queue.append(data)
+            self._queued_bytes += len(data)
+            self._start_sender_locked()
+            self._cond.notify()
+        return True
+
+    def error(self, code: str, message: str, **extra) -> bool:
+        """Send ``{"type":"error","code","message", **extra}``."""
+        return self.send({"type": "error", "code": code, "message": message, **extra})
 
     def close(self, code: int, reason: str, *, wait: float = CLOSE_WAIT_SECONDS) -> None:
-        """Close the socket with ``code`` and ``reason`` (after any frame being sent); nothing raised.
+        """Close the socket with ``code`` and ``reason`` after the frames already queued; nothing raised.
 
-        Then waits up to ``wait`` seconds for the peer's closing frame (simple-websocket's reader
-        thread ends when it arrives), so the connection ends cleanly: a browser sees the code, not a
-        reset connection.
+        Waits for the queue to be written (the connection is dropped instead when that takes longer than
+        the send timeout and ``CLOSE_WAIT_SECONDS``), then up to ``wait`` seconds for the peer's closing frame (simple-websocket's reader thread ends when it arrives), so a browser sees
+        the code, not a reset connection.
         """
-        with self._lock:
+        with self._cond:
             if self.closed:
                 return
             self.closed = True
-            try:
-                self._ws.close(reason=code, message=reason)
-            except (ConnectionClosed, OSError):
+            self._queue.append((_CLOSE, code, reason))
+            self._start_sender_locked()
+            self._cond.notify()
+        sender = self._sender
+        if sender is not None and sender is not threading.current_thread():
+            sender.join(self.send_timeout + CLOSE_WAIT_SECONDS)
+            if sender.is_alive():  # a peer that takes its frames too slowly: no clean close for it
+                with self._cond:
+                    self._drop_locked("close_timeout")
                 return
+        if not self._sent_close.is_set():
+            return
         reader = getattr(self._ws, "thread", None)
-        if reader is not None and reader is not threading.current_thread():
+        if reader is not None and reader is not threading.current_thread() and wait > 0:
             reader.join(wait)
 
-    def error(self, code: str, message: str) -> bool:
-        """Send ``{"type":"error","code","message"}``."""
-        return self.send({"type": "error", "code": code, "message": message})
+    def finish(self) -> None:
+        """The connection ended (the handler returns): accept no more frames, stop the sender."""
+        with self._cond:
+            self.closed = True
+            self._queue.clear()
+            self._queued_bytes = 0
+            self._cond.notify()
+
+    def _drop_locked(self, why: str) -> None:
+        """Drop the connection (a stuck or failed peer): nothing more is sent; the handler sees it closed."""
+        if self.dropped is None:
+            self.dropped = why
+            log.info("websocket dropped: %s", why)
+        self.closed = True
+        self._queue.clear()
+        self._queued_bytes = 0
+        self._cond.notify()
+        if self._guarded is not None:
+            self._guarded.abort()
+
+    def _start_sender_locked(self) -> None:
+        if self._sender is None:
+            self._sender = threading.Thread(target=self._run, name="ws-sender", daemon=True)
+            self._sender.start()
+
+    def _run(self) -> None:
+        """The sender: write queued frames in order until closed, dropped or finished."""
+        while True:
+            with self._cond:
+                while not self._queue:
+                    if self.closed:
+                        return
+                    self._cond.wait()
+                item = self._queue.popleft()
+                if isinstance(item, str):
+                    self._queued_bytes -= len(item)
+            try:
+                if isinstance(item, tuple):
+                    _, code, reason = item
+                    self._ws.close(reason=code, message=reason)
+                    self._sent_close.set()
+                    return
+                self._ws.send(item)
+            except socket.timeout:
+                with self._cond:
+                    self._drop_locked("send_timeout")
+                return
+            except (ConnectionClosed, OSError):
+                with self._cond:
+                    self.closed = True
+                    self._queue.clear()
+                    self._queued_bytes = 0
+                return
 
 
 def prompt_warmup(settings) -> PromptWarmup:

@@ -13,7 +13,8 @@ from functools import lru_cache
 from marshmallow import validates
 
 from app.chat.client_input import (INVALID_TEXT, ClientRefused, ClientSchema, JSONRefused, Refusal, check,
-                                   client_text, load_client, loads_client_json, message_id, refuse, storable)
+                                   client_text, is_blank, load_client, loads_client_json, message_id, refuse,
+                                   storable)
 
 EMPTY_INPUT = Refusal("empty_input", "Please type a message first.")
 INVALID_ID = Refusal("invalid_id", "The message id must be 1-128 letters, digits, '-', '_', '.' or ':'.")
@@ -80,10 +81,11 @@ def parse_frame(data, *, max_input_chars: int):
 
 
 class MessageFrameSchema(ClientSchema):
-    """The fields of ``{"type":"message","id"?,"text"}``: the text not blank, storable and at most
+    """The fields of ``{"type":"message","id"?,"text"}``: the text not blank (nothing but whitespace and
+    invisible format characters, Unicode category Cf, is blank), storable and at most
     ``max_input_chars`` characters once trimmed; the id a message id, null or absent."""
 
-    text = client_text(EMPTY_INPUT, check(lambda text: bool(text.strip()), EMPTY_INPUT), storable, required=True)
+    text = client_text(EMPTY_INPUT, check(lambda text: not is_blank(text), EMPTY_INPUT), storable, required=True)
     id = message_id(INVALID_ID, load_default=None, allow_none=True)
 
     def __init__(self, *, max_input_chars: int, **kwargs):

@@ -14,7 +14,7 @@ import threading
 import time
 import uuid
 
-from flask import Blueprint, current_app
+from flask import Blueprint, current_app, request
 from flask_sock import Sock
 from simple_websocket import ConnectionClosed
 
@@ -25,7 +25,7 @@ from app.chat.turn import Turn
 from app.extensions import Services, services
 from app.identity import current_thread_id
 from app.memory.context import ContextTooLong
-from app.observability.metrics import websocket_closed, websocket_opened
+from app.observability.metrics import count_refusal, websocket_closed, websocket_opened
 from app.runtime.producers import CommandError, choose_producer
 from app.store.redis_client import make_redis
 from app.store.thread_store import CorruptState, StoreUnavailable
@@ -50,6 +50,7 @@ def event_hub() -> EventHub:
 # Close codes of docs/contract.md: WebSocket (4xxx are the application's own).
 CLOSE_IDLE = 4408          # nothing sent for WS_IDLE_TIMEOUT_SECONDS with no turn in flight
 CLOSE_SESSION_LIMIT = 4429  # the session already has WS_MAX_PER_SESSION sockets open
+CLOSE_RATE_LIMITED = 4430  # this network address opened WS_NEW_PER_MINUTE sockets in the last minute
 CLOSE_BUSY = 1013          # "try again later": this worker serves its most sockets (WS_MAX_PER_WORKER)
 CLOSE_INTERNAL = 1011      # the handler failed; the page reconnects
 LEASE_SECONDS = 60.0       # a session socket's lease in Redis, renewed every third of it
@@ -88,9 +89,10 @@ def chat_socket(ws):
     unexpected error closes the socket with 1011 (never an HTTP answer inside the upgraded socket).
     """
     settings = services().settings
-    writer = FrameWriter(ws)
+    writer = FrameWriter(ws, send_timeout=settings.ws_send_timeout, max_queued_bytes=settings.ws_send_queue_bytes)
     if not OPEN_SOCKETS.enter(settings.ws_per_worker_limit):
         log.warning("websocket refused: this worker serves %d sockets already", settings.ws_per_worker_limit)
+        count_refusal("ws_worker")
         writer.close(CLOSE_BUSY, "server busy")
         return
     try:
@@ -101,6 +103,9 @@ def chat_socket(ws):
         log.exception("websocket handler failed")
         writer.close(CLOSE_INTERNAL, "internal error")
     finally:
+        writer.finish()
+        if writer.dropped:
+            count_refusal(writer.dropped)
         OPEN_SOCKETS.leave()
 
 
@@ -114,14 +119,62 @@ def _claim_session_place(svc: Services, thread_id: str, socket_id: str) -> bool:
         return True
 
 
+def client_address() -> str:
+    """The request's client address as the router reports it (``TRUSTED_PROXIES``: werkzeug's ProxyFix)."""
+    return request.remote_addr or "unknown"
+
+
+def _client_refusal(svc: Services, address: str, socket_id: str) -> tuple[int, str] | None:
+    """``(close code, reason)`` when this address may not open one more socket, else None (its place taken).
+
+    ``WS_NEW_PER_MINUTE`` new sockets per address and minute (4430), ``WS_MAX_PER_CLIENT`` open ones
+    (4429).  With the store down nothing is refused.
+    """
+    quotas = svc.settings.client_quotas
+    try:
+        if quotas.ws_new_per_minute and not svc.quotas.hit("ws_new", address, f"{quotas.ws_new_per_minute}/minute"):
+            count_refusal("ws_new")
+            return CLOSE_RATE_LIMITED, "too many new connections"
+        if quotas.ws_max_per_client and not svc.quotas.claim_client_socket(
+                address, socket_id, most=quotas.ws_max_per_client, lease_seconds=LEASE_SECONDS):
+            count_refusal("ws_client")
+            return CLOSE_SESSION_LIMIT, "too many open chats from your network"
+    except StoreUnavailable:
+        log.warning("client socket limits not checked: store unavailable")
+    return None
+
+
+def _release_client_place(svc: Services, address: str, socket_id: str) -> None:
+    if svc.settings.client_quotas.ws_max_per_client:
+        try:
+            svc.quotas.release_client_socket(address, socket_id)
+        except StoreUnavailable:
+            pass  # the lease ends by itself
+
+
 def _serve(ws, writer: FrameWriter) -> None:
     svc = services()
     settings = svc.settings
     thread_id = current_thread_id()
+    address = client_address()
     socket_id = uuid.uuid4().hex
+    refusal = _client_refusal(svc, address, socket_id)
+    if refusal is not None:
+        log.info("websocket of %s refused: %s", thread_id[:13], refusal[1])
+        writer.close(*refusal, wait=0.5)
+        return
+    try:
+        _serve_claimed(ws, writer, svc, thread_id, address, socket_id)
+    finally:
+        _release_client_place(svc, address, socket_id)
+
+
+def _serve_claimed(ws, writer: FrameWriter, svc: Services, thread_id: str, address: str, socket_id: str) -> None:
+    settings = svc.settings
     if not _claim_session_place(svc, thread_id, socket_id):
         log.info("websocket of %s refused: %d open already", thread_id[:13], settings.ws_max_per_session)
-        writer.close(CLOSE_SESSION_LIMIT, "too many open chats")
+        count_refusal("ws_session")
+        writer.close(CLOSE_SESSION_LIMIT, "too many open chats", wait=0.5)
         return
     hub = event_hub()
     hub.register(thread_id, writer.send)
@@ -139,6 +192,8 @@ def _serve(ws, writer: FrameWriter) -> None:
                 renew_at = now + LEASE_SECONDS / 3
                 try:
                     svc.store.renew_socket(thread_id, socket_id, lease_seconds=LEASE_SECONDS)
+                    if settings.client_quotas.ws_max_per_client:
+                        svc.quotas.renew_client_socket(address, socket_id, lease_seconds=LEASE_SECONDS)
                 except StoreUnavailable:
                     pass
             if turn is not None and turn.active:
@@ -152,12 +207,12 @@ def _serve(ws, writer: FrameWriter) -> None:
             if data is None:
                 continue
             last_heard = time.monotonic()
-            turn = _handle(svc, writer, thread_id, data, turn)
+            turn = _handle(svc, writer, thread_id, data, turn, address=address)
     finally:
         websocket_closed()
         hub.unregister(thread_id, writer.send)
         hub.unregister(thread_id, warmer)
-        writer.closed = True
+        writer.finish()
         if turn is not None:
             turn.abandon()
         try:
@@ -166,7 +221,52 @@ def _serve(ws, writer: FrameWriter) -> None:
             pass  # the lease ends by itself
 
 
-def _handle(svc: Services, writer: FrameWriter, thread_id: str, data, turn: Turn | None) -> Turn | None:
+def _turn_refusal(svc: Services, thread_id: str, address: str) -> tuple[str, str, int | None] | None:
+    """``(code, message, retry after seconds or None)`` when a new turn may not start now, else None.
+
+    ``rate_limited``: the session's ``TURNS_PER_MINUTE_PER_SESSION`` or the address's
+    ``TURNS_PER_MINUTE_PER_CLIENT`` are spent; ``store_full``: the store is past ``STORE_FULL_FRACTION`` of
+    its memory and this thread does not exist yet (existing threads go on).  With the store down nothing
+    is refused here (the turn meets the store's own error).
+    """
+    quotas = svc.settings.client_quotas
+    try:
+        for kind, who, most in (("turn_session", thread_id, quotas.turns_per_minute_per_session),
+                                ("turn_client", address, quotas.turns_per_minute_per_client)):
+            if most and not svc.quotas.hit(kind, who, f"{most}/minute"):
+                count_refusal(kind.replace("turn_", "turns_"))
+                wait = svc.quotas.retry_after(kind, who, f"{most}/minute")
+                return ("rate_limited", f"You're sending messages too fast. Please wait {wait} s and try again.",
+                        wait)
+        if store_full(svc) and not svc.quotas.thread_exists(thread_id):
+            count_refusal("store_full")
+            return ("store_full", "The service is full right now, so new conversations can't start. "
+                                  "Please try again later.", None)
+    except StoreUnavailable:
+        log.warning("turn quotas of %s not checked: store unavailable", thread_id[:13])
+    return None
+
+
+STORE_FULL_CHECK_SECONDS = 5.0  # how long a process trusts its last reading of the store's used memory
+
+
+def store_full(svc: Services) -> bool:
+    """True when the store's used memory is past ``STORE_FULL_FRACTION`` of its ``maxmemory`` (read at most
+    once per ``STORE_FULL_CHECK_SECONDS`` per process; False when the store sets no ``maxmemory``).
+
+    Raises:
+        StoreUnavailable: the store did not answer.
+    """
+    cache = current_app.extensions.setdefault("store_fullness", {"at": None, "full": False})
+    now = time.monotonic()
+    if cache["at"] is None or now - cache["at"] >= STORE_FULL_CHECK_SECONDS:
+        fraction = svc.quotas.used_memory_fraction()
+        cache.update(at=now, full=fraction is not None and fraction >= svc.settings.store_full_fraction)
+    return cache["full"]
+
+
+def _handle(svc: Services, writer: FrameWriter, thread_id: str, data, turn: Turn | None, *,
+            address: str = "unknown") -> Turn | None:
     """Act on one received frame; return the connection's turn (a new one when a turn started)."""
     try:
         frame = parse_frame(data, max_input_chars=svc.settings.max_input_chars)
@@ -179,6 +279,11 @@ def _handle(svc: Services, writer: FrameWriter, thread_id: str, data, turn: Turn
         return turn
     if turn is not None and turn.active:
         writer.error("turn_in_progress", "Please wait for the current answer, or stop it first.")
+        return turn
+    refused = _turn_refusal(svc, thread_id, address)
+    if refused is not None:
+        code, message, wait = refused
+        writer.error(code, message, **({"retryAfter": wait} if wait else {}))
         return turn
     try:  # /tasklist, /delivery, a confirmation, or chat (with tools when on)
         producer = choose_producer(svc, thread_id, frame.text)

@@ -103,6 +103,8 @@ def log_prompt(thread_id: str, context, *, message_id: str, include_text: bool) 
 def record_turn(services: Services, thread_id: str, outcome) -> dict | None:
     """Store a turn's accounting record, count it in the metrics and log its prompt; returns the record.
 
+    The record is stored only while the thread exists (``lua/record_turn_stats.lua``): statistics live
+    with their thread or not at all, so a cancelled or unsaved first turn leaves no key behind.
     Store failures are logged and counted, never raised.
     """
     record = turn_record(outcome, user_message_id=outcome.user_message_id, counter=services.counter)
@@ -114,13 +116,9 @@ def record_turn(services: Services, thread_id: str, outcome) -> dict | None:
         log.warning("turn metrics not counted", exc_info=True)
     log_prompt(thread_id, outcome.context, message_id=outcome.message_id,
                include_text=services.settings.debug_log_content)
-    keys = ThreadKeys(thread_id)
-    try:
-        pipe = services.redis.pipeline(transaction=False)
-        pipe.lpush(keys.stats, json.dumps(record, separators=(",", ":")))
-        pipe.ltrim(keys.stats, 0, MAX_TURN_RECORDS - 1)
-        pipe.expire(keys.stats, services.settings.memory_ttl_seconds)
-        pipe.execute()
+    try:  # only while the thread exists: a turn of a thread never written leaves no key
+        services.quotas.record_turn_stats(thread_id, json.dumps(record, separators=(",", ":")),
+                                          most=MAX_TURN_RECORDS, ttl_seconds=services.settings.memory_ttl_seconds)
     except Exception as exc:  # redis errors: observability never breaks a turn
         log.warning("turn accounting not stored: %s", type(exc).__name__)
         metrics.count_store_error("record_turn")

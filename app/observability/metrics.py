@@ -69,6 +69,8 @@ OPEN_WEBSOCKETS = Gauge("chat_open_websockets", "Open chat websockets.", multipr
 FEEDBACK = Counter("chat_feedback", "Feedback on assistant messages.", ["rating", "reason"], registry=REGISTRY)
 PIN_REQUESTS = Counter("chat_pin_requests", "Pin and unpin requests by the person, by result.",
                        ["action", "result"], registry=REGISTRY)
+REFUSALS = Counter("chat_client_refusals", "Requests refused by a client budget (README: Deployment, Budgets).",
+                   ["budget"], registry=REGISTRY)
 STORE_ERRORS = Counter("chat_memory_store_errors", "Memory-store (Redis) errors.", ["operation", "process"],
                        registry=REGISTRY)
 
@@ -122,6 +124,13 @@ def feedback_reason_category(reason: str | None) -> str:
 def observe_feedback(rating: str, reason: str | None) -> None:
     """Count one feedback submission."""
     FEEDBACK.labels(category(rating), feedback_reason_category(reason)).inc()
+
+
+def count_refusal(budget: str) -> None:
+    """Count one request refused by a client budget: ``untrusted_host``, ``no_session``, ``api_writes``,
+    ``sessions``, ``ws_new``, ``ws_client``, ``ws_session``, ``ws_worker``, ``turns_session``, ``turns_client``,
+    ``store_full``, or a dropped socket (``queue_full``, ``send_timeout``, ``close_timeout``)."""
+    REFUSALS.labels(category(budget)).inc()
 
 
 def observe_pin_request(action: str, result: str) -> None:

@@ -20,7 +20,8 @@ or script of the project names keys of two threads, and nothing scans the keyspa
 | ``obs:{metrics}:worker`` | hash | counters and duration buckets added by Celery workers (``app.observability.metrics``) |
 | ``health:{probe}`` | string, EX | the web processes' write probe (``/healthz``: is the store taking writes?) |
 
-The last three are the only keys that belong to no thread.  On a cluster each is one key on one
+The last three, and the clients' quota keys (listed with their builders at the end of this module),
+are the only keys that belong to no thread.  On a cluster each is one key on one
 node: the provider record is read once per model call and written once per refusal; the worker
 hash takes one ``HINCRBY`` batch per compaction (a few thousand a second would be the first hot
 spot; split it per worker then).  Neither is memory: losing either in a failover loses counters or
@@ -126,3 +127,31 @@ def thread_id_from_events_channel(channel: str) -> str | None:
         if THREAD_ID_RE.match(candidate):
             return candidate
     return None
+
+
+# -- Clients and their quotas (README: Deployment, "Budgets") ------------------------------------------
+# A client is its session and, for what a session cannot bound, its network address.  The address is
+# never stored as such: ``client_tag`` is a hash of it.
+#
+# | key | type | holds |
+# | --- | --- | --- |
+# | ``ws:{cl:<tag>}:sockets`` | sorted set, PEXPIRE | one address's open websockets (``WS_MAX_PER_CLIENT``), as ``ws:{hex}:sockets`` |
+# | ``quota:LIMITER/<who>/<n>/<m>/<unit>`` | string, EX | a fixed-window counter of the ``limits`` library for ``quota_identity(kind, who)`` |
+
+QUOTA_KEY_PREFIX = "quota"  # the ``limits`` storage's key prefix (it appends ``:LIMITER/...``)
+
+
+def client_tag(address: str) -> str:
+    """A client's network address as it appears in key names: 24 hex of its SHA-256 (never the address)."""
+    return hashlib.sha256(address.encode("utf-8", "replace")).hexdigest()[:24]
+
+
+def client_sockets_key(address: str) -> str:
+    """The open websockets of one network address (a lease per socket, as ``ThreadKeys.sockets``)."""
+    return f"ws:{{cl:{client_tag(address)}}}:sockets"
+
+
+def quota_identity(kind: str, who: str) -> str:
+    """The identifier a rate limit of ``kind`` counts under for ``who`` (an address or a thread id), hashed:
+    ``<kind>:<24 hex>``.  The ``limits`` storage makes it the key ``quota:LIMITER/<identifier>/...``."""
+    return f"{kind}:{client_tag(who)}"

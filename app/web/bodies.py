@@ -15,7 +15,8 @@ from flask import request
 from marshmallow import Schema, fields, post_load, pre_load, validates
 
 from app.chat.client_input import (INVALID_TEXT, ClientRefused, ClientSchema, JSONRefused, Refusal, check,
-                                   client_text, load_client, loads_client_json, message_id, refuse, storable)
+                                   client_text, is_blank, load_client, loads_client_json, message_id, refuse,
+                                   storable)
 from app.observability.feedback import MAX_REASON_CHARS, RATINGS
 from app.web.responses import ApiError
 
@@ -52,7 +53,7 @@ class PinBody(ClientSchema):
     @validates("text")
     def _pinnable(self, text: str, **kwargs) -> None:
         text = clean_pin_text(text)
-        if not text:
+        if is_blank(text):
             raise refuse(Refusal("empty_pin", "Type the decision to pin first."))
         if len(text) > self.pinned_max_chars:
             raise refuse(Refusal("pin_too_long", f"A pin can be at most {self.pinned_max_chars} characters "

@@ -7,7 +7,7 @@ import mimetypes
 import time
 
 import redis
-from flask import Blueprint, current_app, jsonify, render_template
+from flask import Blueprint, Response, current_app, jsonify, render_template
 
 from app.extensions import services
 from app.identity import current_thread_id
@@ -16,7 +16,7 @@ from app.llm.health import model_status
 from app.runtime.capabilities import tools_enabled
 from app.store.archive import archived_turns
 from app.store.thread_store import CorruptState, StoreUnavailable
-from app.web.responses import guarded_json, store_unavailable
+from app.web.responses import ApiError, guarded_json, store_unavailable
 
 log = logging.getLogger(__name__)
 # The page's scripts are ES modules (static/js/), which browsers refuse unless served as JavaScript;
@@ -28,8 +28,12 @@ bp = Blueprint("web", __name__, static_folder="static", template_folder="templat
 
 @bp.get("/")
 def index():
-    """The chat page."""
-    current_thread_id()  # start the session before the websocket opens
+    """The chat page; 429 in plain text (what happened, for a person) when no new session may start."""
+    try:
+        current_thread_id()  # start the session before the websocket opens
+    except ApiError as refused:
+        return Response(refused.message + "\n", status=refused.status, mimetype="text/plain",
+                        headers={"Retry-After": "600"})
     settings = services().settings
     return render_template(
         "index.html",

@@ -2,7 +2,8 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import {
-  afterClose, backoffDelay, bannerState, BACKOFF_MS, CLOSE_IDLE, CLOSE_SESSION_LIMIT, HEALTH_MS,
+  afterClose, backoffDelay, bannerState, BACKOFF_MS, CLOSE_IDLE, CLOSE_RATE_LIMITED, CLOSE_SESSION_LIMIT, HEALTH_MS,
+  LIMIT_NOTES,
 } from "../../app/web/static/js/backoff.js";
 
 test("the delay doubles up to 8 s, then stays at 15 s", () => {
@@ -11,15 +12,22 @@ test("the delay doubles up to 8 s, then stays at 15 s", () => {
   assert.equal(backoffDelay(NaN), 1000);
 });
 
-test("close codes: idle waits for the person, 4429 retries slowly, the rest keep the back-off", () => {
+test("close codes: idle waits for the person, 4429 and 4430 retry slowly and say why, the rest keep the back-off", () => {
   assert.equal(CLOSE_IDLE, 4408);
   assert.equal(CLOSE_SESSION_LIMIT, 4429);
-  assert.deepEqual(afterClose(4408, 3), { action: "idle", attempt: 0 });
-  assert.deepEqual(afterClose(4429, 0), { action: "retry", attempt: BACKOFF_MS.length - 1 });
+  assert.equal(CLOSE_RATE_LIMITED, 4430);
+  assert.deepEqual(afterClose(4408, 3), { action: "idle", attempt: 0, note: "" });
+  assert.deepEqual(afterClose(4429, 0), { action: "retry", attempt: BACKOFF_MS.length - 1, note: LIMIT_NOTES[4429] });
   assert.equal(backoffDelay(afterClose(4429, 0).attempt), 15000);
-  assert.deepEqual(afterClose(4429, 9), { action: "retry", attempt: 9 });
-  assert.deepEqual(afterClose(1013, 2), { action: "retry", attempt: 2 });
-  assert.deepEqual(afterClose(1011, 0), { action: "retry", attempt: 0 });
+  assert.deepEqual(afterClose(4429, 9), { action: "retry", attempt: 9, note: LIMIT_NOTES[4429] });
+  assert.deepEqual(afterClose(4430, 1), { action: "retry", attempt: BACKOFF_MS.length - 1, note: LIMIT_NOTES[4430] });
+  assert.deepEqual(afterClose(1013, 2), { action: "retry", attempt: 2, note: "" });
+  assert.deepEqual(afterClose(1011, 0), { action: "retry", attempt: 0, note: "" });
+});
+
+test("the banner says which limit closed the socket before its countdown", () => {
+  assert.deepEqual(bannerState(view({ reconnectAt: 15000, attempt: 4, note: LIMIT_NOTES[4430] }), 3000),
+    { hidden: false, text: "Too many new connections from your network. Reconnecting in 12 s…" });
 });
 
 const view = (over = {}) => ({ wsOpen: false, lastFetchFailed: false, reconnectAt: 0, attempt: 0, everConnected: true, ...over });

@@ -2,7 +2,8 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import {
-  doneDecision, doneEndsTurn, endKind, errorDecision, parseFrame, progressStage, toolInfo, WAIT_NOTICE_MS,
+  doneDecision, doneEndsTurn, endKind, errorDecision, parseFrame, progressStage, RETRY_AFTER_MAX_S, toolInfo,
+  WAIT_NOTICE_MS,
   waitingInfo, waitingText,
 } from "../../app/web/static/js/turn.js";
 
@@ -45,11 +46,21 @@ test("a written done reloads the conversation; anything else only the panel", ()
 
 test("an error before start rejects the turn; model errors check health", () => {
   assert.deepEqual(errorDecision({ type: "error", code: "input_too_long", message: "Too long." }, turn({ started: false })),
-    { message: "Too long.", reject: true, checkModel: false });
+    { message: "Too long.", reject: true, checkModel: false, resendAfterMs: 0 });
   assert.deepEqual(errorDecision({ type: "error", code: "llm_unavailable", message: "" }, turn()),
-    { message: "Something went wrong.", reject: false, checkModel: true });
+    { message: "Something went wrong.", reject: false, checkModel: true, resendAfterMs: 0 });
   assert.deepEqual(errorDecision({ type: "error", code: "upstream_truncated" }, null),
-    { message: "Something went wrong.", reject: false, checkModel: true });
+    { message: "Something went wrong.", reject: false, checkModel: true, resendAfterMs: 0 });
+});
+
+test("a rate-limited message is sent again after retryAfter seconds, within bounds", () => {
+  const refused = (over) => errorDecision({ type: "error", code: "rate_limited", message: "Wait.", ...over },
+    turn({ started: false }));
+  assert.equal(refused({ retryAfter: 12 }).resendAfterMs, 12_000);
+  assert.equal(refused({ retryAfter: RETRY_AFTER_MAX_S + 1 }).resendAfterMs, 0);
+  assert.equal(refused({ retryAfter: "12" }).resendAfterMs, 0);
+  assert.equal(refused({}).resendAfterMs, 0);
+  assert.equal(errorDecision({ type: "error", code: "store_full", retryAfter: 5 }, turn({ started: false })).resendAfterMs, 0);
 });
 
 test("the waiting note: due after WAIT_NOTICE_MS, at once when the server said why, never with text", () => {

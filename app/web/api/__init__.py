@@ -13,7 +13,7 @@ cookie, never from the request.
 | ``POST /api/chat/feedback`` ``{"messageId", "rating": "up"|"down", "reason"?}`` | 201 ``{"messageId", "rating"}``; 400 invalid; 404 not an assistant message of this thread |
 | ``GET /metrics`` | Prometheus text; in production only with ``Authorization: Bearer $METRICS_TOKEN`` (404 when no token is configured, 401 without the right one) |
 
-Store failures answer 503 ``store_unavailable``, a corrupt stored thread 409
+A client past its quota of writes answers 429 ``rate_limited`` (``app.web.clients``).  Store failures answer 503 ``store_unavailable``, a corrupt stored thread 409
 ``memory_unreadable``; text with a NUL or an unpaired surrogate 400 ``invalid_text``; any
 write from a page of another origin (by ``Origin``, else ``Referer``) 403 ``forbidden``
 (``app.web.security``, for every route).  Error bodies are ``error_response``'s

@@ -13,10 +13,12 @@ overwritten; a change that started before the thread was cleared writes nothing 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 
 from flask import Blueprint
 
+from app.chat.client_input import without_format_characters
 from app.extensions import services
 from app.identity import current_thread_id
 from app.memory.compaction import normalize_pin
@@ -34,6 +36,13 @@ log = logging.getLogger(__name__)
 bp = Blueprint("pins", __name__)
 
 PIN_WRITE_ATTEMPTS = 5
+# A path's item number: ASCII decimal digits, at most 6 of them (any other segment is 404).
+ITEM_NUMBER_RE = re.compile(r"[0-9]{1,6}")
+
+
+def pin_key(text: str) -> str:
+    """What two pins are compared by: ``normalize_pin`` of the text without invisible format characters."""
+    return normalize_pin(without_format_characters(text))
 
 
 def _pin_text(body: dict, state: ThreadState, limits: MemoryLimits) -> str:
@@ -59,9 +68,9 @@ def _with_new_pin(state: ThreadState, text: str, limits: MemoryLimits, *, counte
 
 def _pins_with(state: ThreadState, text: str, limits: MemoryLimits) -> list[Pin]:
     pins = list(state.pins)
-    key = normalize_pin(text)
+    key = pin_key(text)
     for i, pin in enumerate(pins):
-        if normalize_pin(pin.text) == key:
+        if pin_key(pin.text) == key:
             if pin.by == PINNED_BY_PERSON:
                 raise ApiError(409, "already_pinned", "That decision is already pinned.")
             pins[i] = Pin(text, PINNED_BY_PERSON)  # the model's pin becomes the person's, in their words
@@ -80,7 +89,7 @@ def _without(items, n: str, what: str) -> list:
         ApiError: 404 ``<what>_not_found`` when ``n`` names no item.
     """
     kept = list(items)
-    if not n.isdigit() or not 1 <= int(n) <= len(kept):
+    if not ITEM_NUMBER_RE.fullmatch(n) or not 1 <= int(n) <= len(kept):
         raise ApiError(404, f"{what}_not_found", f"There is no such {what} (it may have been removed already).")
     del kept[int(n) - 1]
     return kept
@@ -113,6 +122,7 @@ def _change(action: str, change: Callable[[ThreadState], tuple[list[Pin], list[s
 
     Raises:
         ApiError: ``change`` refused, 409 ``thread_cleared`` when the thread was cleared meanwhile,
+            409 ``thread_expired`` when it expired meanwhile (its clear counter went back),
             409 ``conflict`` after ``PIN_WRITE_ATTEMPTS`` stale generations, 409 ``memory_unreadable``
             when the stored thread is corrupt (a clear repairs it), 503 ``store_unavailable``.
     """
@@ -123,8 +133,10 @@ def _change(action: str, change: Callable[[ThreadState], tuple[list[Pin], list[s
         for _attempt in range(PIN_WRITE_ATTEMPTS):
             state = svc.store.load(thread_id)
             first = state.cleared if first is None else first
-            if state.cleared != first:  # README: clearing a thread is final for everything that started before it
+            if state.cleared > first:  # README: clearing a thread is final for everything that started before it
                 raise ApiError(409, "thread_cleared", "A new chat was started meanwhile, so nothing was changed.")
+            if state.cleared < first:  # the clear counter never goes back: the thread expired meanwhile
+                raise ApiError(409, "thread_expired", "This conversation expired meanwhile, so nothing was changed.")
             pins, notes = change(state)
             if notes is None:
                 written = svc.store.set_pins(thread_id, expected_gen=state.gen, pins=pins)

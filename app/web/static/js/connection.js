@@ -18,7 +18,7 @@ export function setConnection(stateName, text) {
 export function updateBanner() {
   const b = bannerState({
     wsOpen: conn.open, lastFetchFailed: memory.lastFetchFailed, reconnectAt: conn.reconnectAt,
-    attempt: conn.attempt, everConnected: conn.everConnected,
+    attempt: conn.attempt, everConnected: conn.everConnected, note: conn.note,
   }, Date.now());
   if (!b.hidden) el.bannerText.textContent = b.text;
   el.banner.hidden = b.hidden;

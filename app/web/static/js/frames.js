@@ -28,7 +28,7 @@
  *            messageId?: string, saved?: boolean,
  *            reason?: "thread_cleared" | "store_unavailable" | "rejected" | string, code?: string}} DoneFrame
  */
-/** @typedef {{type: "error", code?: string, message?: string}} ErrorFrame */
+/** @typedef {{type: "error", code?: string, message?: string, retryAfter?: number}} ErrorFrame */
 /**
  * Any frame the server sends (docs/contract.md: WebSocket `/ws/chat`).
  * @typedef {StartFrame | DeltaFrame | ToolFrame | ProgressFrame | WaitingFrame | MemoryFrame | DoneFrame | ErrorFrame} ServerFrame

@@ -4,7 +4,7 @@
  * (backoff.js), come back after an idle close, send frames. What a frame, an open or a close does is
  * given by main.js (setSocketHooks), so this module knows nothing of turns or memory.
  */
-import { WS_URL } from "./config.js";
+import { API, WS_URL } from "./config.js";
 import { conn } from "./state.js";
 import { el } from "./dom.js";
 import { afterClose, backoffDelay } from "./backoff.js";
@@ -67,7 +67,9 @@ export function connect() {
     return;
   }
   conn.ws = ws;
+  let opened = false;
   ws.addEventListener("open", () => {
+    opened = true;
     if (conn.ws !== ws) return;
     const wasReconnect = conn.everConnected;
     conn.open = true;
@@ -75,6 +77,7 @@ export function connect() {
     conn.everConnected = true;
     conn.attempt = 0;
     conn.reconnectAt = 0;
+    conn.note = "";
     setConnection("connected", "Connected");
     updateBanner();
     hooks.onOpen(wasReconnect);
@@ -92,7 +95,11 @@ export function connect() {
     hooks.onClose();
     const next = afterClose(ev.code, conn.attempt);
     conn.attempt = next.attempt;
+    conn.note = next.note;
     if (next.action === "idle") { idleClosed(); return; }
+    // Refused before it opened twice running: the session cookie may be gone (an upgrade without it is
+    // refused, 403 no_session); loading the thread hands out a fresh one before the next attempt.
+    if (!opened && conn.attempt >= 2) fetch(API.thread, { credentials: "same-origin" }).catch(() => {});
     scheduleReconnect();
   });
   ws.addEventListener("error", () => { /* a close event follows */ });

@@ -18,6 +18,7 @@ export const conn = {
   countdownTimer: 0,
   reconnectAt: 0,
   idle: false, // the server closed the socket as idle; reconnect when the person is back
+  note: "", // why a limit closed the socket (backoff.js afterClose), shown in the banner until open again
 };
 
 /**

@@ -74,18 +74,27 @@ export function doneDecision(frame, turn) {
 
 /**
  * What an `error` frame does: the message to show, whether it rejects the turn in flight (the server
- * refused the message before the turn began), whether the model's health is checked soon.
+ * refused the message before the turn began), whether the model's health is checked soon, and after how
+ * many ms the refused message may be sent again by itself (`rate_limited` with `retryAfter` seconds, at
+ * most RETRY_AFTER_MAX_S; 0: never).
  * @param {ErrorFrame} frame
  * @param {TurnInfo | null} turn
- * @returns {{message: string, reject: boolean, checkModel: boolean}}
+ * @returns {{message: string, reject: boolean, checkModel: boolean, resendAfterMs: number}}
  */
 export function errorDecision(frame, turn) {
+  const reject = Boolean(turn && !turn.started);
+  const wait = typeof frame.retryAfter === "number" ? frame.retryAfter : 0;
+  const resend = reject && frame.code === "rate_limited" && wait > 0 && wait <= RETRY_AFTER_MAX_S;
   return {
     message: typeof frame.message === "string" && frame.message ? frame.message : "Something went wrong.",
-    reject: Boolean(turn && !turn.started),
+    reject,
     checkModel: typeof frame.code === "string" && MODEL_ERROR_CODES.includes(frame.code),
+    resendAfterMs: resend ? wait * 1000 : 0,
   };
 }
+
+/** The longest `retryAfter` (seconds) after which the page sends a refused message again by itself. */
+export const RETRY_AFTER_MAX_S = 120;
 
 /**
  * What a `waiting` frame says the turn waits for, and the words for it.

@@ -25,6 +25,17 @@ import { sendFrame } from "./socket.js";
 /** @typedef {import("./frames.js").ServerFrame} ServerFrame */
 
 /**
+ * Send `text` again after `ms` (a rate limit said when), unless the person changed the box or a turn runs.
+ * @param {string} text
+ * @param {number} ms
+ */
+function resendLater(text, ms) {
+  window.setTimeout(() => {
+    if (!chat.turn && el.input.value.trim() === text.trim()) sendMessage();
+  }, ms);
+}
+
+/**
  * Send a message (the box's text, or `textArg`) and show its turn.
  * @param {string} [textArg]
  */
@@ -331,6 +342,7 @@ export function handleFrame(f) {
         // the server refused the message before the turn began
         endTurn("rejected");
         if (!el.input.value) restoreInput(t.text);
+        if (d.resendAfterMs) resendLater(t.text, d.resendAfterMs);
       }
       showChatError(d.message);
       if (d.checkModel) checkModelSoon();

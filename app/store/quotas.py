@@ -1,0 +1,121 @@
+"""What one client may take from the shared store and sockets (README: Deployment, "Budgets").
+
+- ``Quotas.hit(kind, who, limit)``: one more request counted against a rate limit (the ``limits`` library's
+  fixed windows in Redis, keys ``quota:LIMITER/...``); False when over it.
+- ``Quotas.claim_client_socket`` / ``renew_client_socket`` / ``release_client_socket``: a lease per open
+  websocket of one network address (``lua/claim_socket.lua`` on ``client_sockets_key``).
+- ``Quotas.record_turn_stats``: a turn's accounting record, kept only while its thread exists
+  (``lua/record_turn_stats.lua``): a turn that wrote nothing leaves no key.
+- ``Quotas.thread_exists`` and ``Quotas.used_memory_fraction``: the store's budget, both O(1) commands.
+
+Every method raises ``StoreUnavailable`` when Redis fails; callers decide (the quotas fail open: a store
+that cannot count does not refuse anyone, and the turn itself then meets the store's own error).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from pathlib import Path
+
+import redis
+from limits import parse
+from limits.errors import StorageError
+from limits.storage import RedisClusterStorage, RedisStorage
+from limits.strategies import FixedWindowRateLimiter
+
+from app.store.keys import QUOTA_KEY_PREFIX, ThreadKeys, client_sockets_key, quota_identity
+from app.store.thread_store import StoreUnavailable
+
+log = logging.getLogger(__name__)
+LUA_DIR = Path(__file__).with_name("lua")
+
+
+def _guard(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (redis.RedisError, StorageError, OSError) as exc:
+            raise StoreUnavailable(type(exc).__name__) from exc
+    return wrapper
+
+
+class Quotas:
+    """Per-client counters and the store's budget.
+
+    Args:
+        client: the store's Redis client (one Redis, or a cluster client).
+        redis_url: its URL (a cluster's seed node), for the rate limiter's own cluster client.
+        cluster: True on Redis Cluster.
+    """
+
+    def __init__(self, client, *, redis_url: str, cluster: bool = False):
+        self.client = client
+        if cluster:
+            scheme, rest = redis_url.split("://", 1)
+            tls = {"ssl": True, "ssl_cert_reqs": "none"} if scheme == "rediss" else {}  # as the store's client
+            storage = RedisClusterStorage(f"redis+cluster://{rest}", key_prefix=QUOTA_KEY_PREFIX, **tls)
+        else:
+            storage = RedisStorage(redis_url, connection_pool=client.connection_pool, key_prefix=QUOTA_KEY_PREFIX)
+        self._limiter = FixedWindowRateLimiter(storage)
+        self._socket = client.register_script((LUA_DIR / "claim_socket.lua").read_text())
+        self._stats = client.register_script((LUA_DIR / "record_turn_stats.lua").read_text())
+
+    @_guard
+    def hit(self, kind: str, who: str, limit: str) -> bool:
+        """Count one request of ``kind`` by ``who`` against ``limit`` (e.g. ``"30/minute"``); False when over it.
+
+        ``limit`` is the ``limits`` notation; an empty string or ``"0"`` means no limit.
+        """
+        if not limit or limit.strip() == "0":
+            return True
+        return self._limiter.hit(parse(limit), quota_identity(kind, who))
+
+    @_guard
+    def retry_after(self, kind: str, who: str, limit: str) -> int:
+        """Seconds until ``who`` may ``kind`` again under ``limit`` (at least 1)."""
+        reset, _remaining = self._limiter.get_window_stats(parse(limit), quota_identity(kind, who))
+        return max(1, int(reset - time.time()) + 1)
+
+    @_guard
+    def claim_client_socket(self, address: str, socket_id: str, *, most: int, lease_seconds: float) -> bool:
+        """Take a place for one open websocket of ``address``; False when ``most`` are open."""
+        return bool(self._socket(keys=[client_sockets_key(address)],
+                                 args=["claim", socket_id, int(lease_seconds * 1000), most]))
+
+    @_guard
+    def renew_client_socket(self, address: str, socket_id: str, *, lease_seconds: float) -> None:
+        """Extend the lease of a websocket of ``address`` by ``lease_seconds`` from now."""
+        self._socket(keys=[client_sockets_key(address)], args=["renew", socket_id, int(lease_seconds * 1000), 0])
+
+    @_guard
+    def release_client_socket(self, address: str, socket_id: str) -> None:
+        """Give a closed websocket's place back."""
+        self._socket(keys=[client_sockets_key(address)], args=["release", socket_id, 0, 0])
+
+    @_guard
+    def record_turn_stats(self, thread_id: str, record_json: str, *, most: int, ttl_seconds: int) -> bool:
+        """Add a turn's record to the thread's stats (the newest ``most`` kept); False, nothing written, when
+        the thread does not exist (a first turn that wrote nothing)."""
+        keys = ThreadKeys(thread_id)
+        return bool(self._stats(keys=[keys.state, keys.stats], args=[record_json, most, ttl_seconds]))
+
+    @_guard
+    def thread_exists(self, thread_id: str) -> bool:
+        """True when the thread's state hash exists (``EXISTS``, O(1))."""
+        return bool(self.client.exists(ThreadKeys(thread_id).state))
+
+    @_guard
+    def used_memory_fraction(self) -> float | None:
+        """The store's ``used_memory / maxmemory`` (the fullest node of a cluster); None when no ``maxmemory``
+        is set or the server does not say (``INFO memory``, O(1))."""
+        info = self.client.info("memory")
+        nodes = info.values() if info and all(isinstance(v, dict) for v in info.values()) else [info]
+        fractions = []
+        for node in nodes:
+            most = int(node.get("maxmemory") or 0)
+            if most > 0:
+                fractions.append(int(node.get("used_memory") or 0) / most)
+        return max(fractions) if fractions else None
