@@ -299,7 +299,8 @@ def test_a_reader_that_stops_reading_is_dropped_and_blocks_no_one(web, model):
     assert recv_json(listener) == event
     model.default = Reply(text="a short answer")
     other = Client(web)
-    assert turn(other.open(), "still served")[-1]["status"] == "completed"
+    frames = turn(other.open(), "still served")
+    assert frames[-1].get("status") == "completed", frames
     for each in (client, other):
         each.close()
 
