@@ -10,7 +10,7 @@ from app.store.compaction_outcome import Outcome, Reason, reason_of
 
 
 def test_the_outcomes_are_the_strings_of_the_history():
-    assert [member.value for member in Outcome] == ["applied", "stale", "failed", "skipped"]
+    assert [member.value for member in Outcome] == ["applied", "stale", "failed", "skipped", "blocked"]
     assert Outcome.STALE == "stale" and str(Outcome.APPLIED) == "applied" and f"{Outcome.FAILED}" == "failed"
 
 
