@@ -16,7 +16,7 @@ def test_the_outcomes_are_the_strings_of_the_history():
 
 def test_the_reasons_are_the_strings_of_the_history():
     assert {member.value for member in Reason} == {
-        "not_due", "no_gain", "generation", "messages", "missing", "rate_limited", "timeout", "unavailable",
+        "not_due", "no_gain", "not_quiet", "generation", "messages", "missing", "rate_limited", "timeout", "unavailable",
         "bad_request", "invalid_answer", "store_unavailable", "corrupt", "fact_guard", "internal"}
 
 
