@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from app.compaction.service import run_compaction, run_refinement
+from app.compaction.service import STREAMING_POLL_SECONDS, run_compaction, run_refinement
 from app.memory.compaction import hard_cap_messages
 from app.memory.final_turn import FinalTurn
 from app.store.keys import ThreadKeys
@@ -83,7 +83,7 @@ def test_the_refinement_waits_while_a_turn_streams_and_runs_when_the_thread_is_q
     requests.turn_streaming(tid)
     waiting = run_refinement(rig.services, tid, token)
     assert (waiting.outcome, waiting.reason, waiting.reschedule_in) == (
-        "skipped", "not_quiet", rig.settings.compaction_idle_seconds)
+        "skipped", "not_quiet", min(STREAMING_POLL_SECONDS, rig.settings.compaction_idle_seconds))
     requests.turn_ended(tid)  # idle for COMPACTION_IDLE_SECONDS, with fewer folds than the batch
     assert run_refinement(rig.services, tid, token).reschedule_in is not None
     assert fake_llm.chat_requests("structured") == []

@@ -66,6 +66,8 @@ RETRYABLE = frozenset({Reason.RATE_LIMITED, Reason.TIMEOUT, Reason.UNAVAILABLE, 
 
 STEP_FOLD, STEP_REFINE = "fold", "refine"
 """The ``step`` of a history entry and a memory event (README: A compaction)."""
+STREAMING_POLL_SECONDS = 5.0
+"""How soon a refinement that found a turn streaming looks again (seconds; at most ``COMPACTION_IDLE_SECONDS``)."""
 REFINE_MAX_TURNS = 32
 """Most folded turns one refinement shows the model (the newest; older unrefined ones keep the folds' record)."""
 MESSAGE_FOLDED = "Older turns were moved to the record."
@@ -403,7 +405,7 @@ def run_refinement(services: Services, thread_id: str, token: int, *, attempt: i
         return RefineOutcome(Outcome.SKIPPED, Reason.NOT_DUE)
     batch_due = status.unrefined_folds >= settings.compaction_refine_after_folds
     if status.activity == STREAMING or (status.activity is not None and not batch_due):
-        wait = settings.compaction_idle_seconds if status.activity == STREAMING else status.activity_ms / 1000 + 0.5
+        wait = STREAMING_POLL_SECONDS if status.activity == STREAMING else status.activity_ms / 1000 + 0.5
         wait = round(min(max(wait, 1.0), settings.compaction_idle_seconds), 3)
         requests.hold(thread_id, token, waiting_marker_ttl(settings, wait), refine=True)
         log.info("refinement of %s waits %.1f s: the thread is %s", short, wait, status.activity)
@@ -420,6 +422,7 @@ def run_refinement(services: Services, thread_id: str, token: int, *, attempt: i
     calls: list[int] = []
     result: CompactionResult | None = None
     reason: Reason | str = Strategy.EXTRACTIVE
+    gave_up: Reason | str | None = None
     if turns:
         base = replace(state, folded_turns=turns[0].number - 1)
         plan = refine_plan(state, turns, settings.limits, services.counter, settings.prompt_budget)
@@ -444,7 +447,7 @@ def run_refinement(services: Services, thread_id: str, token: int, *, attempt: i
                 requests.hold(thread_id, token, retry_marker_ttl(settings, retry_in), refine=True)
                 return RefineOutcome(Outcome.FAILED, reason, retry_in, entry)
             log.warning("refinement of %s failed (%s); the turns stay as the folds wrote them", short, reason)
-            result = None
+            result, gave_up = None, reason
     if result is not None:
         reason = result.strategy
     try:
@@ -458,8 +461,12 @@ def run_refinement(services: Services, thread_id: str, token: int, *, attempt: i
         return RefineOutcome(Outcome.FAILED, Reason.STORE_UNAVAILABLE, retry_in)
     more = {"turnsRefined": len(turns), "modelCalls": len(calls), "promptTokens": sum(calls)}
     if result is not None:
-        more.update(summaryChars=len(result.summary), notesCount=len(result.notes),
-                    factRetention=result.retention, tokensAfter=result.tokens_after)
+        more.update(summaryChars=len(result.summary), notesCount=len(result.notes), factRetention=result.retention)
+    if committed.outcome == Outcome.APPLIED and gave_up is not None:  # the turns are marked refined, without a gist
+        entry = _record(services, thread_id, Outcome.FAILED, gave_up, figures(**more))
+        _publish(services, thread_id, "failed", MESSAGE_FAILED, reason=gave_up, retrying=False, step=STEP_REFINE)
+        requests.release(thread_id, token, refine=True)
+        return RefineOutcome(Outcome.FAILED, gave_up, None, entry)
     if committed.outcome == Outcome.APPLIED:
         entry = _record(services, thread_id, Outcome.APPLIED, reason, figures(**more))
         _publish(services, thread_id, "succeeded", MESSAGE_SUCCEEDED, turnsRefined=len(turns),
