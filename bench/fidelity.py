@@ -773,7 +773,9 @@ def main(argv: list[str] | None = None) -> int:
                 if value is not None and value < target:
                     print(f"fidelity: warning: {lang} {group}: retained {pct(value)} < {pct(target)}", file=sys.stderr)
         if compactions["grew"]:
-            problems.append(f"{compactions['grew']} compactions made memory bigger")
+            grown = [(e.get("step"), e.get("reason"), e.get("tokensBefore"), e.get("tokensAfter")) for e in applied
+                     if e.get("step") != "refine" and e.get("tokensAfter", 0) >= e.get("tokensBefore", 0)]
+            problems.append(f"{compactions['grew']} compactions made memory bigger: {grown}")
         if over_window:
             problems.append(f"{over_window} compaction requests over the window")
         for problem in problems:
