@@ -172,3 +172,18 @@ def test_a_fold_failing_for_good_blocks_the_requests_until_a_clear(compaction_ri
     assert not ask(rig.store.commit_final_turn(tid, FinalTurn("again", "y")))
     rig.store.clear(tid)
     assert rig.store.compactions_blocked(tid) is None
+
+
+def test_at_the_hard_cap_the_turn_folds_without_the_model_and_commits(compaction_rig, fake_llm):
+    from app.compaction.service import fold_at_cap
+
+    rig = compaction_rig
+    tid = thread_id_for("two-speeds-at-cap")
+    cap = hard_cap_messages(rig.settings.limits)
+    seed_turns(rig.store, tid, cap // 2)  # the worker never folded (down)
+    assert commit_turn(rig.store, tid, cap // 2 + 1).refused == "full"
+    assert fold_at_cap(rig.services, tid)
+    assert len(rig.store.load(tid).messages) == 8 and fake_llm.chat_requests() == []
+    assert commit_turn(rig.store, tid, cap // 2 + 1).appended
+    [entry] = history(rig.client, tid)
+    assert (entry["step"], entry["atCap"], entry["turnsFolded"]) == ("fold", True, cap // 2 - 4)

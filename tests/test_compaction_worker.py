@@ -29,9 +29,9 @@ from app.memory.context import format_summary
 from app.memory.state import PINNED_BY_PERSON, Pin
 from app.store.keys import ThreadKeys
 from tests.fake_llm import Reply
-from tests.fixtures.celery_worker import (asked, assistant_text, commit_turn, folded_section, history, message_ids,
-                                          raw_hash, record, rendered, seed_turns, thread_id_for, turn_ids,
-                                          wait_until)
+from tests.fixtures.celery_worker import (asked, assistant_text, commit_turn, fold_now, folded_section, history,
+                                          message_ids, raw_hash, record, refine_now, rendered, seed_turns,
+                                          thread_id_for, turn_ids, wait_until)
 from workers.tasks import compact_thread
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -79,32 +79,6 @@ def test_a_request_sets_one_marker_and_enqueues_only_the_thread_id_and_version(c
     args, kwargs, _ = json.loads(base64.b64decode(envelope["body"]))
     assert (envelope["headers"]["task"], args, kwargs) == (TASK_NAME, [tid, 5], {})
     assert "number" not in queued[0]  # no message text travels
-
-
-class Sent(list):
-    """Stands in for the broker: records each refinement published as ``(thread_id, token, countdown)``."""
-
-    def __call__(self, thread_id: str, token: int, countdown: float) -> None:
-        self.append((thread_id, token, countdown))
-
-
-def fold_now(rig, tid: str, result) -> Sent:
-    """Request and run the fold in this process (the task's body); returns the refinements it asked for."""
-    assert rig.request(tid, result)
-    sent = Sent()
-    outcome = run_compaction(rig.services, tid, int(rig.client.get(ThreadKeys(tid).compacting)), send_refine=sent)
-    assert outcome.outcome == "applied"
-    return sent
-
-
-def refine_now(rig, tid: str, sent: Sent, max_attempts: int = 10):
-    """Run the refinement the fold asked for, retries at once, as the worker would; returns the outcomes."""
-    outcomes = []
-    for attempt in range(max_attempts):
-        outcomes.append(run_refinement(rig.services, tid, sent[-1][1], attempt=attempt))
-        if outcomes[-1].retry_in is None:
-            break
-    return outcomes
 
 
 def test_a_thread_of_eight_messages_requests_nothing(compaction_rig):

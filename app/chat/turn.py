@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass, field
 
 from app.extensions import Services
+from app.compaction.service import fold_at_cap
 from app.llm.client import CancelEvent, StreamStats
 from app.llm.provider import LLMError
 from app.memory.context import AssembledContext, assemble_context
@@ -115,6 +116,7 @@ class Turn(TurnIO):
         self._lock = threading.Lock()
         self._phase = STREAMING
         self._pieces: list[str] = []
+        self._folded_at_cap = False
         self.outcome = TurnOutcome(TurnStatus.FAILED, self.message_id, self.user_id)
         self.stats = self.outcome.stats
 
@@ -297,6 +299,10 @@ class Turn(TurnIO):
             log.error("turn on %s not written: store unavailable", self.thread_id[:13])
             self.outcome.unsaved_reason = "store_unavailable"
             return
+        if commit.refused == "full" and not self._folded_at_cap:
+            self._folded_at_cap = True  # the worker's folds are behind: fold here, without the model, once
+            if fold_at_cap(self.services, self.thread_id):
+                return self._commit(result)
         self.outcome.committed = commit.appended
         if commit.cleared:
             log.info("turn on %s not written: the thread was cleared after it started", self.thread_id[:13])
@@ -305,7 +311,7 @@ class Turn(TurnIO):
         elif commit.refused in REFUSALS:  # docs/contract.md: the done frame
             log.warning("turn on %s not written: %s", self.thread_id[:13], commit.refused)
             self.outcome.unsaved_reason = REFUSALS[commit.refused]
-            if commit.refused == "full":  # the worker's folds are behind: ask again (one pending at most)
+            if commit.refused == "full":  # and folding here did not help: ask the worker again
                 self._request_compaction(commit, result)
         return commit if commit.appended else None
 

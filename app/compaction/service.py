@@ -344,6 +344,34 @@ def run_compaction(services: Services, thread_id: str, seen_version: int, *, att
     return CompactionOutcome(Outcome.STALE, committed.detail, None, entry, result)
 
 
+def fold_at_cap(services: Services, thread_id: str) -> bool:
+    """The turn's own fold when its commit met the hard cap (the worker's folds are behind or down): the same
+    model-free fold and compare-and-set as ``run_compaction``, in the caller's process, without a marker;
+    recorded in the history (step ``fold``, ``atCap``).  Never raises.
+
+    Returns:
+        True when a fold was applied (or another one changed the thread meanwhile): commit again.
+    """
+    started = time.monotonic()
+    try:
+        prepared = prepare(services, thread_id)
+        if prepared is None:
+            return False
+        result = _compose(services, prepared, None, require_gain=False)
+        committed = commit(services, prepared, result)
+    except Exception as exc:  # a store failure, a corrupt thread, the fact guard: the turn says memory_full
+        log.warning("fold of %s at the hard cap failed: %s", thread_id[:13], type(exc).__name__)
+        return False
+    if committed.outcome == Outcome.APPLIED:
+        _record(services, thread_id, Outcome.APPLIED, result.strategy,
+                {**_fold_figures(prepared, result, started, 0), "atCap": True})
+        _publish(services, thread_id, "succeeded", MESSAGE_FOLDED, turnsFolded=prepared.plan.folded_turns,
+                 step=STEP_FOLD)
+        log.info("fold of %s at the hard cap applied in the turn: folded %d turns", thread_id[:13],
+                 prepared.plan.folded_turns)
+    return True
+
+
 @dataclass
 class RefineOutcome(CompactionOutcome):
     """What one refinement attempt did (``CompactionOutcome``), and ``reschedule_in``: seconds after which the
