@@ -147,7 +147,7 @@ class CompactionRequests:
         settings = self.settings
         if send is None or settings.compaction_strategy != "llm":
             return False
-        due_now = unrefined_folds >= settings.compaction_refine_after_folds
+        due_now = unrefined_folds >= settings.compaction_refine_after_folds and not settings.bundled_model
         countdown = 0.0 if due_now else float(settings.compaction_idle_seconds)
         try:
             if not self.store.mark_compaction_pending(thread_id, token, waiting_marker_ttl(settings, countdown),

@@ -431,7 +431,9 @@ def run_refinement(services: Services, thread_id: str, token: int, *, attempt: i
     if state.folded_turns <= status.refined_turns:
         requests.release(thread_id, token, refine=True)
         return RefineOutcome(Outcome.SKIPPED, Reason.NOT_DUE)
-    batch_due = status.unrefined_folds >= settings.compaction_refine_after_folds
+    # With the bundled model the compaction server shares the chat server's CPUs: a call started between two
+    # turns would slow the next ones down, so only a quiet thread is refined (the K-folds rule is off).
+    batch_due = status.unrefined_folds >= settings.compaction_refine_after_folds and not settings.bundled_model
     if status.activity == STREAMING or (status.activity is not None and not batch_due):
         wait = STREAMING_POLL_SECONDS if status.activity == STREAMING else status.activity_ms / 1000 + 0.5
         wait = round(min(max(wait, 1.0), settings.compaction_idle_seconds), 3)
