@@ -11,7 +11,9 @@ For each of ``--conversations`` LoCoMo conversations (``--data``, read at run ti
 turns (their real text, the first speaker's side) are sent over **one** session and websocket; the next message
 goes ``--pause`` seconds after the answer ended (drawn uniformly between the two bounds, seeded with ``--seed``;
 ``--fast`` sends it 1 s after).  After each turn the page's ``GET /api/chat/thread`` says how many messages the
-thread stores.  Then the **floor**: the same inputs, each from a fresh session (no memory), at the same pace.
+thread stores.  The **floor** (the same inputs, each from a fresh session: no memory) is interleaved: each floor turn
+is sent right after the conversation's answer, within the pause, so both see the same machine load (the shared
+machine's load changes by the minute); ``--floor-after`` sends it after the conversation instead.
 
 Reported, per conversation and overall: first-token p50 / p95 / max of the conversation and of the floor and their
 ratios (targets at a person's pace: p50 <= 2x, p95 <= 4x, max <= 8x); compaction model calls and their prompt
@@ -89,16 +91,30 @@ def _turn(client: ChatClient, text: str, timeout: float) -> TurnTiming:
     return TurnTiming(sent, first if first is not None else done, done, status)
 
 
-def conversation(system: System, texts: list[str], pauses: list[float], timeout: float) -> Run:
+def conversation(system: System, texts: list[str], pauses: list[float], timeout: float,
+                 floor_run: "Run | None" = None) -> Run:
+    """The conversation over one session; with ``floor_run``, each turn's floor (the same text from a fresh
+    session) is sent right after the conversation's answer, before the pause, so both see the same load."""
     run = Run("conversation")
     client = ChatClient(_server(system)).connect(timeout=30)
     try:
         for i, text in enumerate(texts):
             run.turns.append(_turn(client, text, timeout))
             run.stored_max = max(run.stored_max, len(client.thread().get("messages") or []))
-            print(f"  turn {i + 1}/{len(texts)}: first token {run.turns[-1].latency:.2f} s, "
+            ended = time.monotonic()
+            floor_note = ""
+            if floor_run is not None:
+                tasks_before = len(task_stats(system.log("model-chat")))
+                fresh = ChatClient(_server(system)).connect(timeout=30)
+                try:
+                    floor_run.turns.append(_turn(fresh, text, timeout))
+                finally:
+                    fresh.close()
+                floor_run.chat_prompt_read += [t.evaluated for t in task_stats(system.log("model-chat"))[tasks_before:]]
+                floor_note = f", floor {floor_run.turns[-1].latency:.2f} s"
+            print(f"  turn {i + 1}/{len(texts)}: first token {run.turns[-1].latency:.2f} s{floor_note}, "
                   f"{run.turns[-1].status}, stored max {run.stored_max}", flush=True)
-            time.sleep(pauses[i])
+            time.sleep(max(pauses[i] - (time.monotonic() - ended), 0.0))
     finally:
         client.close()
     return run
@@ -161,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fast", action="store_true", help="the fast typist: 1 s after each answer")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--no-floor", action="store_true")
+    parser.add_argument("--floor-after", action="store_true",
+                        help="send the floor after the conversation instead of interleaved (turn by turn)")
     parser.add_argument("--timeout", type=float, default=300.0)
     args = parser.parse_args(argv)
 
@@ -179,9 +197,13 @@ def main(argv: list[str] | None = None) -> int:
                 texts = [t for t in locomo_turns(record, "first") if t.strip()][:args.turns]
                 pauses = [1.0 if args.fast else rng.uniform(*args.pause) for _ in texts]
                 print(f"{record.get('sample_id')}: {len(texts)} turns", flush=True)
-                run = measured(system, conversation, texts, pauses, args.timeout)
-                time.sleep(5)
-                base = Run("floor") if args.no_floor else measured(system, floor, texts, pauses, args.timeout)
+                if args.floor_after:
+                    run = measured(system, conversation, texts, pauses, args.timeout)
+                    time.sleep(5)
+                    base = Run("floor") if args.no_floor else measured(system, floor, texts, pauses, args.timeout)
+                else:  # interleaved: each floor turn right after the conversation's, within the pause
+                    base = Run("floor")
+                    run = measured(system, conversation, texts, pauses, args.timeout, None if args.no_floor else base)
                 runs.append((str(record.get("sample_id")), run, base))
         finally:
             system.stop()
