@@ -99,7 +99,9 @@ def conversation(system: System, texts: list[str], pauses: list[float], timeout:
     client = ChatClient(_server(system)).connect(timeout=30)
     try:
         for i, text in enumerate(texts):
+            tasks_before = len(task_stats(system.log("model-chat")))
             run.turns.append(_turn(client, text, timeout))
+            run.chat_prompt_read += [t.evaluated for t in task_stats(system.log("model-chat"))[tasks_before:]]
             run.stored_max = max(run.stored_max, len(client.thread().get("messages") or []))
             ended = time.monotonic()
             floor_note = ""
@@ -141,7 +143,8 @@ def measured(system: System, fn, *args) -> Run:
     calls = [c for c in system.proxy.calls[calls_before:] if c.path.endswith("/chat/completions")]
     run.compaction_calls = len(calls)
     run.compaction_prompt_tokens = sum(c.prompt_tokens or 0 for c in calls)
-    run.chat_prompt_read = [t.evaluated for t in task_stats(system.log("model-chat"))[tasks_before:]]
+    if not run.chat_prompt_read:
+        run.chat_prompt_read = [t.evaluated for t in task_stats(system.log("model-chat"))[tasks_before:]]
     return run
 
 
