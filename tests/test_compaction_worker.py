@@ -21,7 +21,7 @@ import pytest
 
 from app.compaction.requests import TASK_NAME, queued_marker_ttl
 from app.compaction.service import (MESSAGE_FAILED, MESSAGE_FOLDED, MESSAGE_RETRYING, MESSAGE_SUCCEEDED, prepare,
-                                    produce, run_compaction, run_refinement)
+                                    produce, run_refinement)
 from app.extensions import Services
 from app.llm.provider import LLMError
 from app.memory import compaction as domain
