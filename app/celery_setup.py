@@ -22,7 +22,7 @@ from celery import Celery, Task
 from flask import Flask
 from kombu import Exchange, Queue
 
-from app.compaction.requests import TASK_NAME
+from app.compaction.requests import REFINE_TASK_NAME, TASK_NAME
 from app.settings import Settings
 from app.store.redis_client import celery_broker_url
 
@@ -52,7 +52,7 @@ def celery_config(settings: Settings) -> dict:
         "result_backend": None,
         "task_ignore_result": True,
         "task_default_queue": COMPACTION_QUEUE,
-        "task_routes": {TASK_NAME: {"queue": COMPACTION_QUEUE}},
+        "task_routes": {TASK_NAME: {"queue": COMPACTION_QUEUE}, REFINE_TASK_NAME: {"queue": COMPACTION_QUEUE}},
         "task_acks_late": True,
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,

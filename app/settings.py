@@ -276,6 +276,12 @@ class Settings(BaseSettings):
     compaction_queued_ttl: int = Field(60, validation_alias="COMPACTION_QUEUED_TTL_SECONDS", ge=1)
     # The broker's visibility timeout; 0 derives it from the time limit and the retries.
     compaction_visibility_timeout: int = Field(0, validation_alias="COMPACTION_VISIBILITY_TIMEOUT_SECONDS", ge=0)
+    # The model's part of a compaction (README: A compaction) waits until the thread had no turn for this long...
+    compaction_idle_seconds: float = Field(20.0, validation_alias="COMPACTION_IDLE_SECONDS", ge=1)
+    # ...or until this many folds went without it (never while a turn of the thread streams).
+    compaction_refine_after_folds: int = Field(8, validation_alias="COMPACTION_REFINE_AFTER_FOLDS", ge=1)
+    # A thread whose fold failed for a reason a retry will not fix is not asked again for this long.
+    compaction_blocked_seconds: int = Field(3600, validation_alias="COMPACTION_BLOCKED_SECONDS", ge=60)
     web_threads: int = Field(64, validation_alias="WEB_THREADS", ge=1)
     # A websocket that sends no frame for this long, with no turn in flight, is closed (code 4408).
     ws_idle_timeout: float = Field(300.0, validation_alias="WS_IDLE_TIMEOUT_SECONDS", gt=0)

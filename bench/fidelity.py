@@ -728,7 +728,9 @@ def main(argv: list[str] | None = None) -> int:
             "extractive": sum(e.get("reason") == "extractive" for e in applied),
             "failed": sum(e.get("outcome") == "failed" for e in entries),
             "stale": sum(e.get("outcome") == "stale" for e in entries),
-            "grew": sum(1 for e in applied if e.get("tokensAfter", 0) >= e.get("tokensBefore", 0)),
+            # a fold's entry has tokens before and after; a refinement (the model's gist for folded turns) has none
+            "grew": sum(1 for e in applied if e.get("step") != "refine"
+                        and e.get("tokensAfter", 0) >= e.get("tokensBefore", 0)),
             "over_window": over_window,
             "seconds_median": round(statistics.median(durations), 1) if durations else None,
             "seconds_total": round(sum(durations), 1),
@@ -771,7 +773,9 @@ def main(argv: list[str] | None = None) -> int:
                 if value is not None and value < target:
                     print(f"fidelity: warning: {lang} {group}: retained {pct(value)} < {pct(target)}", file=sys.stderr)
         if compactions["grew"]:
-            problems.append(f"{compactions['grew']} compactions made memory bigger")
+            grown = [(e.get("step"), e.get("reason"), e.get("tokensBefore"), e.get("tokensAfter")) for e in applied
+                     if e.get("step") != "refine" and e.get("tokensAfter", 0) >= e.get("tokensBefore", 0)]
+            problems.append(f"{compactions['grew']} compactions made memory bigger: {grown}")
         if over_window:
             problems.append(f"{over_window} compaction requests over the window")
         for problem in problems:

@@ -10,13 +10,13 @@ from app.store.compaction_outcome import Outcome, Reason, reason_of
 
 
 def test_the_outcomes_are_the_strings_of_the_history():
-    assert [member.value for member in Outcome] == ["applied", "stale", "failed", "skipped"]
+    assert [member.value for member in Outcome] == ["applied", "stale", "failed", "skipped", "blocked"]
     assert Outcome.STALE == "stale" and str(Outcome.APPLIED) == "applied" and f"{Outcome.FAILED}" == "failed"
 
 
 def test_the_reasons_are_the_strings_of_the_history():
     assert {member.value for member in Reason} == {
-        "not_due", "no_gain", "generation", "messages", "missing", "rate_limited", "timeout", "unavailable",
+        "not_due", "no_gain", "not_quiet", "generation", "messages", "missing", "rate_limited", "timeout", "unavailable",
         "bad_request", "invalid_answer", "store_unavailable", "corrupt", "fact_guard", "internal"}
 
 

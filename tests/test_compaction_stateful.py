@@ -24,6 +24,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from app.compaction.service import commit, prepare, produce, run_compaction
 from app.llm.provider import LLMError
 from app.memory.compaction import InvalidCompactionOutput, NoGain
+from app.memory.compaction import hard_cap_messages
 from app.settings import MemoryLimits
 from tests.fixtures.celery_worker import commit_turn, thread_id_for
 
@@ -87,6 +88,9 @@ def make_machine(services, script: FakeModelScript):
                     "long": "a fairly long message about nothing in particular " * 6}[text_kind]
             result = commit_turn(self.store, self.tid, n, user=user,
                                  assistant=f"reply number {n}, " + "with a few more words to say about it " * 4)
+            if result.refused == "full":  # the hard cap holds whatever the folds do (nothing written)
+                assert len(self.expected) + 2 > hard_cap_messages(LIMITS) and result.message_count == len(self.expected)
+                return
             assert result.appended
             self.expected += [f"u{n}", f"a{n}"]
             self.committed += [f"u{n}", f"a{n}"]

@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from app.compaction.requests import TASK_NAME, queued_marker_ttl
-from app.compaction.service import MESSAGE_FAILED, MESSAGE_RETRYING, prepare, produce, run_compaction
+from app.compaction.service import (MESSAGE_FAILED, MESSAGE_FOLDED, MESSAGE_RETRYING, MESSAGE_SUCCEEDED, prepare,
+                                    produce, run_refinement)
 from app.extensions import Services
 from app.llm.provider import LLMError
 from app.memory import compaction as domain
@@ -28,18 +29,35 @@ from app.memory.context import format_summary
 from app.memory.state import PINNED_BY_PERSON, Pin
 from app.store.keys import ThreadKeys
 from tests.fake_llm import Reply
-from tests.fixtures.celery_worker import (asked, assistant_text, commit_turn, folded_section, history, message_ids,
-                                          raw_hash, record, rendered, seed_turns, thread_id_for, turn_ids,
-                                          wait_until)
+from tests.fixtures.celery_worker import (asked, assistant_text, commit_turn, fold_now, folded_section, history,
+                                          message_ids, raw_hash, record, refine_now, rendered, seed_turns,
+                                          thread_id_for, turn_ids, wait_until)
 from workers.tasks import compact_thread
 
 ROOT = Path(__file__).resolve().parent.parent
 ANSWER = {"summary": "They chatted about the numbers one and two.", "pinnedDecisions": ["Keep answers short"]}
 SUMMARY = ("Statements kept from earlier turns:\n- About: They chatted about the numbers one and two.\n"
            "(turns 1–2 of this conversation)")
-HISTORY_KEYS = {"at", "outcome", "reason", "attempt", "durationMs", "turnsFolded", "tokensBefore", "tokensAfter",
+FOLDED = ("Statements kept from earlier turns:\n- Asked (turn 1): tell me something nice about the number one please\n"
+          "- Asked (turn 2): tell me something nice about the number two please\n(turns 1–2 of this conversation)")
+REFINED = FOLDED.replace("\n(turns", "\n- About: They chatted about the numbers one and two.\n(turns")
+HISTORY_KEYS = {"at", "outcome", "reason", "step", "attempt", "durationMs", "turnsFolded", "tokensBefore", "tokensAfter",
                 "summaryChars", "notesCount", "factRetention", "factsChecked", "factsDropped", "factsSkipped",
                 "unreadShare"}
+
+@pytest.fixture
+def make_compaction_rig(make_compaction_rig):
+    """These tests see the fold and its refinement back to back: a refinement after every fold
+    (``COMPACTION_REFINE_AFTER_FOLDS=1``; nothing streams in them)."""
+    def make(**overrides):
+        return make_compaction_rig(**{"compaction_refine_after_folds": 1, **overrides})
+    return make
+
+
+@pytest.fixture
+def compaction_rig(make_compaction_rig):
+    return make_compaction_rig()
+
 
 
 # ------------------------------------------------------------------------------------------ request
@@ -89,14 +107,15 @@ def test_the_worker_folds_the_oldest_turns_publishes_and_records(compaction_rig,
     result = seed_turns(rig.store, tid, 6)
     before = rig.store.load(tid)
     assert rig.request(tid, result)
-    rig.wait_outcome(tid, "applied")
+    rig.wait_outcome(tid, "applied", count=2)  # the fold, then its refinement
     rig.wait_idle(tid)
 
     state = rig.store.load(tid)
     assert message_ids(state) == turn_ids(3, 6)
-    assert (state.summary, state.pins, state.notes) == (SUMMARY, (), ())  # "Keep answers short": not the person's
-    assert (state.version, state.gen) == (before.version + 1, before.gen + 1)
-    assert set(raw_hash(rig.client, tid)) == {"v", "gen", "messages", "summary", "notes", "lastCompactedAt", "ft", "ab"}
+    assert (state.summary, state.pins, state.notes) == (REFINED, (), ())  # "Keep answers short": not the person's
+    assert (state.version, state.gen) == (before.version + 2, before.gen + 2)
+    assert set(raw_hash(rig.client, tid)) == {"v", "gen", "messages", "summary", "notes", "lastCompactedAt", "ft", "ab",
+                                              "uf", "rf"}
     # the folded turns are in the archive, numbered, as committed; the thread counts them
     archived = rig.client.zrange(ThreadKeys(tid).archive, 0, -1, withscores=True)
     assert [(json.loads(m)["n"], score) for m, score in archived] == [(1, 1.0), (2, 2.0)]
@@ -109,21 +128,27 @@ def test_the_worker_folds_the_oldest_turns_publishes_and_records(compaction_rig,
     assert (request.model, request.body["temperature"], request.body["max_tokens"]) == ("fake-compact", 0, 256)
     assert folded_section(request.body) == rendered([1, 2])
 
-    assert rig.events.wait_statuses(tid, 2) == ["started", "succeeded"]
+    assert rig.events.wait_statuses(tid, 3) == ["succeeded", "started", "succeeded"]
     events = rig.events.for_thread(tid)
-    assert events[1] == {"type": "memory", "status": "succeeded", "message": "Older turns were summarized.",
-                         "summaryLength": len(SUMMARY), "noteCount": 0, "turnsFolded": 2, "factRetention": 1.0}
+    assert events[0] == {"type": "memory", "status": "succeeded", "message": MESSAGE_FOLDED, "step": "fold",
+                         "summaryLength": len(FOLDED), "noteCount": 0, "turnsFolded": 2, "factRetention": 1.0}
+    assert events[2] == {"type": "memory", "status": "succeeded", "message": MESSAGE_SUCCEEDED, "step": "refine",
+                         "turnsRefined": 2, "modelCalls": 1}
 
-    [entry] = history(rig.client, tid)
-    assert set(entry) == HISTORY_KEYS
+    refine, fold = history(rig.client, tid)
+    assert set(fold) == HISTORY_KEYS
     counter = rig.services.counter
-    assert {k: entry[k] for k in ("outcome", "reason", "attempt", "turnsFolded", "summaryChars", "notesCount",
-                                  "factRetention", "factsChecked", "factsDropped", "tokensBefore", "tokensAfter")} == {
-        "outcome": "applied", "reason": "llm", "attempt": 0, "turnsFolded": 2, "summaryChars": len(SUMMARY),
-        "notesCount": 0, "factRetention": 1.0, "factsChecked": 0, "factsDropped": 0,
+    assert {k: fold[k] for k in ("outcome", "reason", "step", "attempt", "turnsFolded", "summaryChars", "notesCount",
+                                 "factRetention", "factsChecked", "factsDropped", "tokensBefore", "tokensAfter")} == {
+        "outcome": "applied", "reason": "extractive", "step": "fold", "attempt": 0, "turnsFolded": 2,
+        "summaryChars": len(FOLDED), "notesCount": 0, "factRetention": 1.0, "factsChecked": 0, "factsDropped": 0,
         "tokensBefore": domain.messages_cost(before.messages, counter),
-        "tokensAfter": domain.messages_cost(state.messages, counter) + counter.message("system", format_summary(SUMMARY))}
-    assert entry["tokensAfter"] < entry["tokensBefore"]
+        "tokensAfter": domain.messages_cost(state.messages, counter) + counter.message("system", format_summary(FOLDED))}
+    assert fold["tokensAfter"] < fold["tokensBefore"]
+    assert {k: refine[k] for k in ("outcome", "reason", "step", "turnsRefined", "modelCalls", "summaryChars")} == {
+        "outcome": "applied", "reason": "llm", "step": "refine", "turnsRefined": 2, "modelCalls": 1,
+        "summaryChars": len(REFINED)}
+    assert refine["promptTokens"] == counter.prompt(request.messages)
     assert 0 < rig.client.ttl(ThreadKeys(tid).compactions) <= rig.settings.memory_ttl_seconds
 
 
@@ -138,11 +163,11 @@ def test_a_persons_pin_is_kept_word_for_word_and_a_grounded_decision_becomes_a_n
     assert rig.store.set_pins(tid, expected_gen=0, pins=[Pin("Use UTC everywhere!", PINNED_BY_PERSON)])
     result = commit_turn(rig.store, tid, 6)
     assert rig.request(tid, result)
-    rig.wait_outcome(tid, "applied")
+    rig.wait_outcome(tid, "applied", count=2)
     state = rig.store.load(tid)
     assert state.pins == (Pin("Use UTC everywhere!", PINNED_BY_PERSON),)
     assert state.notes == ("We decided to keep the answers short",)
-    assert state.summary.splitlines()[2] == "- Person (turn 1): We decided to keep the answers short from now on, please."
+    assert state.summary.splitlines()[1] == "- Person (turn 1): We decided to keep the answers short from now on, please."
 
 
 def test_a_duplicate_delivery_is_harmless(compaction_rig, fake_llm):
@@ -158,10 +183,11 @@ def test_a_duplicate_delivery_is_harmless(compaction_rig, fake_llm):
     rig.worker()
     wait_until(lambda: worker_state.total_count.get(TASK_NAME, 0) >= done_before + 2
                and not worker_state.active_requests, message="both deliveries to finish")
+    rig.wait_outcome(tid, "applied", count=2)
     state = rig.store.load(tid)
     assert message_ids(state) == turn_ids(3, 6)
-    assert state.summary == SUMMARY
-    assert [e["outcome"] for e in history(rig.client, tid)] == ["applied"]
+    assert state.summary == REFINED
+    assert [(e["outcome"], e["step"]) for e in history(rig.client, tid)] == [("applied", "refine"), ("applied", "fold")]
     assert len(fake_llm.chat_requests()) == 1
     assert rig.client.exists(ThreadKeys(tid).compacting) == 0
 
@@ -173,10 +199,10 @@ def test_two_compactions_racing_for_one_thread_apply_exactly_once(compaction_rig
     rig = compaction_rig
     fake_llm.add_rule(Reply(json=ANSWER, delay=0.4), structured=True)
     tid = thread_id_for("race")
-    result = seed_turns(rig.store, tid, 6)
+    sent = fold_now(rig, tid, seed_turns(rig.store, tid, 6))
     outcomes = []
     threads = [threading.Thread(target=lambda: outcomes.append(
-        run_compaction(rig.services, tid, result.version).outcome)) for _ in range(2)]
+        run_refinement(rig.services, tid, sent[0][1]).outcome)) for _ in range(2)]
     for t in threads:
         t.start()
     for t in threads:
@@ -185,9 +211,9 @@ def test_two_compactions_racing_for_one_thread_apply_exactly_once(compaction_rig
     assert len(fake_llm.chat_requests()) == 2
     state = rig.store.load(tid)
     assert message_ids(state) == turn_ids(3, 6)
-    assert state.summary == SUMMARY
-    assert sorted((e["outcome"], e["reason"]) for e in history(rig.client, tid)) == \
-        [("applied", "llm"), ("stale", "generation")]
+    assert state.summary == REFINED
+    assert sorted((e["outcome"], e["reason"], e["step"]) for e in history(rig.client, tid)) == \
+        [("applied", "extractive", "fold"), ("applied", "llm", "refine"), ("stale", "generation", "refine")]
 
 
 def test_a_clear_during_compaction_leaves_the_thread_empty(compaction_rig, fake_llm):
@@ -197,16 +223,17 @@ def test_a_clear_during_compaction_leaves_the_thread_empty(compaction_rig, fake_
     tid = thread_id_for("clear")
     result = seed_turns(rig.store, tid, 6)
     assert rig.request(tid, result)
-    fake_llm.wait_for_requests(1, "structured")
-    rig.store.clear(tid)
-    rig.wait_outcome(tid, "stale")
-    rig.wait_idle(tid)
+    fake_llm.wait_for_requests(1, "structured")  # the refinement asks the model...
+    rig.store.clear(tid)  # ...and the thread is cleared meanwhile
+    wait_until(lambda: fake_llm.chat_requests("structured") and not rig.client.exists(ThreadKeys(tid).state)
+               or rig.store.load(tid).is_empty, message="the clear")
+    time.sleep(1.5)  # the refinement's answer comes back (1 s) and its compare-and-set fails
     stored = raw_hash(rig.client, tid)
     assert {k: stored[k] for k in ("messages", "summary", "pins", "notes")} == {
         "messages": "[]", "summary": "", "pins": "[]", "notes": "[]"}
     assert "lastCompactedAt" not in stored
     assert rig.store.load(tid).is_empty
-    assert rig.events.wait_statuses(tid, 2) == ["started", "failed"]
+    assert rig.events.wait_statuses(tid, 2) == ["succeeded", "started"]
 
 
 ERROR_WORDS = ("rate limit", "error", "exception", "traceback", "upstream exploded", "bad model", "compactedat",
@@ -222,47 +249,48 @@ ERROR_WORDS = ("rate limit", "error", "exception", "traceback", "upstream explod
     ("missing summary", Reply(json={"pinnedDecisions": []}), {}, 3, 3, "invalid_answer"),
     ("refused", Reply(status=400, error_message="bad model"), {}, 1, 1, "bad_request"),
 ])
-def test_a_failed_compaction_leaves_the_thread_byte_for_byte_unchanged(make_compaction_rig, fake_llm, case, reply,
-                                                                       overrides, attempts, calls, reason):
+def test_a_failed_refinement_leaves_the_record_as_the_fold_wrote_it(make_compaction_rig, fake_llm, case, reply,
+                                                                     overrides, attempts, calls, reason):
     rig = make_compaction_rig(**overrides)
     fake_llm.add_rule(reply, structured=True)
-    rig.worker()
     tid = thread_id_for(case)
-    result = seed_turns(rig.store, tid, 6)
-    before = raw_hash(rig.client, tid)
-    assert rig.request(tid, result)
-    entries = rig.wait_outcome(tid, "failed", count=attempts)
-    rig.wait_idle(tid)
+    sent = fold_now(rig, tid, seed_turns(rig.store, tid, 6))
+    folded = rig.store.load(tid)
+    assert (folded.summary, message_ids(folded)) == (FOLDED, turn_ids(3, 6))
+    outcomes = refine_now(rig, tid, sent)
 
-    assert raw_hash(rig.client, tid) == before
-    assert message_ids(rig.store.load(tid))[-2:] == ["u6", "a6"]  # the triggering turn is kept
-    everything = (json.dumps(raw_hash(rig.client, tid)) + json.dumps(entries)).lower()
+    assert [o.outcome for o in outcomes] == ["failed"] * attempts
+    state = rig.store.load(tid)
+    assert (state.summary, state.notes, state.messages) == (folded.summary, folded.notes, folded.messages)
+    assert rig.client.hget(ThreadKeys(tid).state, "rf") == "2"  # marked refined: not asked again for them
+    entries = [e for e in history(rig.client, tid) if e["step"] == "refine"]
+    stored = raw_hash(rig.client, tid)
+    everything = (json.dumps([stored["summary"], stored["notes"], stored["messages"]]) + json.dumps(entries)).lower()
     assert [word for word in ERROR_WORDS if word in everything] == []
     assert [(e["outcome"], e["reason"], e["attempt"]) for e in reversed(entries)] == \
         [("failed", reason, n) for n in range(attempts)]
     assert len(fake_llm.chat_requests()) == calls
-    assert rig.events.wait_statuses(tid, 2 * attempts) == ["started", "failed"] * attempts
-    events = rig.events.for_thread(tid)
+    assert rig.events.wait_statuses(tid, 1 + 2 * attempts) == ["succeeded"] + ["started", "failed"] * attempts
+    events = [e for e in rig.events.for_thread(tid) if e["step"] == "refine"]
     assert [e["message"] for e in events if e["status"] == "failed"] == \
         [MESSAGE_RETRYING] * (attempts - 1) + [MESSAGE_FAILED]
-    assert all(set(e) <= {"type", "status", "message", "reason", "retrying"} for e in events)
+    assert all(set(e) <= {"type", "status", "message", "reason", "retrying", "step"} for e in events)
+    assert not rig.client.exists(ThreadKeys(tid).refining)
 
 
-def test_after_the_last_retry_the_next_turn_triggers_again(make_compaction_rig, fake_llm):
+def test_after_the_last_retry_the_next_refinement_asks_about_its_own_turns_only(make_compaction_rig, fake_llm):
     rig = make_compaction_rig(compaction_max_retries=0)
     fake_llm.enqueue(Reply(status=503), structured=True)
     fake_llm.add_rule(Reply(json=ANSWER), structured=True)
-    rig.worker()
     tid = thread_id_for("next turn")
-    assert rig.request(tid, seed_turns(rig.store, tid, 6))
-    rig.wait_outcome(tid, "failed")
-    rig.wait_idle(tid)
-    assert message_ids(rig.store.load(tid)) == turn_ids(1, 6)
-    assert rig.request(tid, commit_turn(rig.store, tid, 7))
-    rig.wait_outcome(tid, "applied")
+    sent = fold_now(rig, tid, seed_turns(rig.store, tid, 6))
+    assert [o.outcome for o in refine_now(rig, tid, sent)] == ["failed"]
+    assert message_ids(rig.store.load(tid)) == turn_ids(3, 6)
+    sent = fold_now(rig, tid, commit_turn(rig.store, tid, 7))
+    assert [o.outcome for o in refine_now(rig, tid, sent)] == ["applied"]
     state = rig.store.load(tid)
     assert message_ids(state) == turn_ids(4, 7)
-    assert folded_section(fake_llm.last_request("structured").body) == rendered([1, 2, 3])
+    assert folded_section(fake_llm.last_request("structured").body) == rendered([3])
 
 
 def test_an_over_limit_answer_is_asked_once_more_with_the_limit_stated(compaction_rig, fake_llm):
@@ -270,11 +298,9 @@ def test_an_over_limit_answer_is_asked_once_more_with_the_limit_stated(compactio
     long_answer = {"summary": "y" * 2600, "pinnedDecisions": []}
     fake_llm.enqueue(Reply(json=long_answer), structured=True)
     fake_llm.add_rule(Reply(json=ANSWER), structured=True)
-    rig.worker()
     tid = thread_id_for("limit")
-    assert rig.request(tid, seed_turns(rig.store, tid, 6))
-    rig.wait_outcome(tid, "applied")
-    assert rig.store.load(tid).summary == SUMMARY
+    refine_now(rig, tid, fold_now(rig, tid, seed_turns(rig.store, tid, 6)))
+    assert rig.store.load(tid).summary == REFINED
     second = fake_llm.chat_requests("structured")[1].body["messages"]
     assert [m["role"] for m in second] == ["system", "user", "assistant", "user"]
     assert second[2]["content"] == json.dumps(long_answer)
@@ -285,13 +311,12 @@ def test_a_second_unusable_answer_gives_the_fold_without_the_model(compaction_ri
     rig = compaction_rig
     fake_llm.add_rule(Reply(json={"summary": "Wang Fang said the deadline is 2025-09-01.", "pinnedDecisions": []}),
                       structured=True)
-    rig.worker()
     tid = thread_id_for("ungrounded twice")
-    assert rig.request(tid, seed_turns(rig.store, tid, 6))
-    rig.wait_outcome(tid, "applied")
+    refine_now(rig, tid, fold_now(rig, tid, seed_turns(rig.store, tid, 6)))
     state = rig.store.load(tid)
-    assert state.summary == record(1, 2, asked(1), asked(2))
-    assert [(e["outcome"], e["reason"]) for e in history(rig.client, tid)] == [("applied", "extractive")]
+    assert state.summary == record(1, 2, asked(1), asked(2)) == FOLDED
+    assert [(e["outcome"], e["reason"], e["step"]) for e in history(rig.client, tid)] == [
+        ("applied", "extractive", "refine"), ("applied", "extractive", "fold")]
     requests = fake_llm.chat_requests("structured")
     assert len(requests) == 2
     assert "these names, numbers or dates are not in the turns: Wang Fang; 2025-09-01" in \
@@ -303,35 +328,16 @@ def test_the_model_never_sees_the_summary_and_a_second_fold_appends_to_it(compac
     fake_llm.enqueue(Reply(json=ANSWER), structured=True)
     fake_llm.add_rule(Reply(json={"summary": "Then they chatted about the number three.", "pinnedDecisions": []}),
                       structured=True)
-    rig.worker()
     tid = thread_id_for("append")
-    assert rig.request(tid, seed_turns(rig.store, tid, 6))
-    rig.wait_outcome(tid, "applied")
-    rig.wait_idle(tid)
-    assert rig.request(tid, commit_turn(rig.store, tid, 7))
-    rig.wait_outcome(tid, "applied", count=2)
+    refine_now(rig, tid, fold_now(rig, tid, seed_turns(rig.store, tid, 6)))
+    refine_now(rig, tid, fold_now(rig, tid, commit_turn(rig.store, tid, 7)))
     state = rig.store.load(tid)
     assert (state.summary, message_ids(state)) == (
-        record(1, 3, "- About: They chatted about the numbers one and two.",
+        record(1, 3, asked(1), asked(2), "- About: They chatted about the numbers one and two.", asked(3),
                "- About: Then they chatted about the number three."), turn_ids(4, 7))
     second = fake_llm.chat_requests("structured")[1].body
     assert folded_section(second) == rendered([3])
     assert "numbers one and two" not in json.dumps(second)
-
-
-def test_at_the_hard_cap_a_failing_model_is_replaced_by_the_extractive_fold(compaction_rig, fake_llm):
-    rig = compaction_rig
-    fake_llm.add_rule(Reply(status=429), structured=True)
-    tid = thread_id_for("hard cap")
-    result = seed_turns(rig.store, tid, 16)  # 32 messages: four recent windows
-    rig.worker()
-    assert rig.request(tid, result)
-    rig.wait_outcome(tid, "applied")
-    state = rig.store.load(tid)
-    assert message_ids(state) == turn_ids(13, 16)
-    assert state.summary == record(1, 12, *(asked(n) for n in range(1, 13)))
-    assert [(e["outcome"], e["reason"]) for e in history(rig.client, tid)] == [("applied", "extractive")]
-    assert len(fake_llm.chat_requests()) == 1
 
 
 def test_the_extractive_strategy_calls_no_model(make_compaction_rig, fake_llm):
@@ -350,11 +356,9 @@ def test_a_provider_without_json_schema_still_compacts(compaction_rig, fake_llm)
     rig = compaction_rig
     fake_llm.reject_json_schema = True
     fake_llm.add_rule(Reply(json=ANSWER), structured=True)
-    rig.worker()
     tid = thread_id_for("llama")
-    assert rig.request(tid, seed_turns(rig.store, tid, 6))
-    rig.wait_outcome(tid, "applied")
-    assert rig.store.load(tid).summary == SUMMARY
+    refine_now(rig, tid, fold_now(rig, tid, seed_turns(rig.store, tid, 6)))
+    assert rig.store.load(tid).summary == REFINED
     assert [r.response_format["type"] for r in fake_llm.chat_requests()] == ["json_schema", "json_object"]
 
 
@@ -395,7 +399,7 @@ def test_planted_facts_survive_thirty_turns_of_small_talk_with_a_paraphrasing_mo
         if rig.request(tid, result):
             rig.wait_quiet(tid)  # applied, or skipped while folding would free too little
     rig.wait_quiet(tid)
-    applied = [e for e in history(rig.client, tid) if e["outcome"] == "applied"]
+    applied = [e for e in history(rig.client, tid) if e["outcome"] == "applied" and e["step"] == "fold"]
     assert len(applied) >= 5
     state = rig.store.load(tid)
     memory = state.summary + "\n" + "\n".join(state.notes)
@@ -417,6 +421,7 @@ def worker_process(settings, log_path: Path, name: str) -> subprocess.Popen:
         "OPENAI_BASE_URL": settings.openai_base_url, "OPENAI_API_KEY": "test-key",
         "CHAT_MODEL": "fake-chat", "COMPACTION_MODEL": "fake-compact",
         "COMPACTION_LLM_TIMEOUT_SECONDS": "30", "COMPACTION_VISIBILITY_TIMEOUT_SECONDS": "1",
+        "COMPACTION_REFINE_AFTER_FOLDS": "1",
     })
     log = open(log_path, "w")
     return subprocess.Popen(
@@ -437,22 +442,22 @@ def test_a_worker_killed_mid_task_is_redelivered_and_the_compaction_applies_once
     second = None
     try:
         assert rig.request(tid, result)
-        fake_llm.wait_for_requests(1, "structured", timeout=30)
+        fake_llm.wait_for_requests(1, "structured", timeout=30)  # the refinement, after the fold
         os.kill(first.pid, signal.SIGKILL)
         assert first.wait(10) == -signal.SIGKILL
-        assert raw_hash(rig.client, tid) == before
-        assert history(rig.client, tid) == []
+        assert rig.store.load(tid).summary == FOLDED and raw_hash(rig.client, tid) != before
+        assert [e["step"] for e in history(rig.client, tid)] == ["fold"]
         # The unacknowledged message is redelivered once its visibility timeout (1 s) has passed.
         wait_until(lambda: any(time.time() - score > 1.5
                                for _, score in rig.client.zrange("unacked_index", 0, -1, withscores=True)),
                    message="the visibility timeout to pass")
         second = worker_process(rig.settings, tmp_path / "b.log", "b")
-        rig.wait_outcome(tid, "applied", timeout=30)
-        rig.wait_idle(tid)
+        rig.wait_outcome(tid, "applied", count=2, timeout=30)
         state = rig.store.load(tid)
         assert message_ids(state) == turn_ids(3, 6)
-        assert state.summary == SUMMARY
-        assert [e["outcome"] for e in history(rig.client, tid)] == ["applied"]
+        assert state.summary == REFINED
+        assert [(e["outcome"], e["step"]) for e in history(rig.client, tid)] == [("applied", "refine"),
+                                                                                   ("applied", "fold")]
         assert len(fake_llm.chat_requests("structured")) == 2
     finally:
         for proc in (first, second):
@@ -506,7 +511,7 @@ def test_thirty_chinese_turns_keep_every_planted_fact_after_every_compaction_and
             assert counter.count(state.summary) <= domain.summary_token_cap(budget)
             checked += 1
     assert checked >= 10
-    applied = [e for e in history(rig.client, tid) if e["outcome"] == "applied"]
+    applied = [e for e in history(rig.client, tid) if e["outcome"] == "applied" and e["step"] == "fold"]
     assert applied and all(e["tokensAfter"] < e["tokensBefore"] for e in applied)
     requests = fake_llm.chat_requests("structured")
     assert requests and all(counter.prompt(r.messages) <= budget for r in requests)
@@ -514,26 +519,14 @@ def test_thirty_chinese_turns_keep_every_planted_fact_after_every_compaction_and
     assert rig.store.load(tid).notes == ()  # "用户做了一些决定。" is not grounded in the person's words
 
 
-def test_an_answer_that_would_grow_memory_is_asked_once_more_then_folded_without_it(compaction_rig, fake_llm):
+def test_the_refinement_asks_for_a_gist_of_at_most_300_characters(compaction_rig, fake_llm):
     rig = compaction_rig
-    wordy = {"summary": ("They spoke about the numbers one and two at length, " + "and more, " * 30)[:300],
-             "pinnedDecisions": []}
-    fake_llm.add_rule(Reply(json=wordy), structured=True)  # it ignores the limit it is given
-    rig.worker()
-    tid = thread_id_for("growth")
-    assert rig.request(tid, seed_turns(rig.store, tid, 6))  # two turns to fold: room for a short gist only
-    rig.wait_outcome(tid, "applied")
-    state = rig.store.load(tid)
-    assert "- About:" not in state.summary  # the wordy gist was refused twice
-    [entry] = history(rig.client, tid)
-    assert (entry["reason"], entry["tokensAfter"] < entry["tokensBefore"]) == ("extractive", True)
-    requests = fake_llm.chat_requests("structured")
-    assert len(requests) == 2
-    limit = json.loads(json.dumps(requests[0].response_format))
-    stated = re.search(r"at most (\d+) characters, saying", requests[0].messages[0]["content"]).group(1)
-    assert 60 <= int(stated) < 300  # the gist asked for is as long as the room left, not 300
-    assert "memory would cost" in requests[1].body["messages"][-1]["content"]
-    assert limit["type"] in ("json_schema", "json_object")
+    fake_llm.add_rule(Reply(json=ANSWER), structured=True)
+    tid = thread_id_for("gist limit")
+    refine_now(rig, tid, fold_now(rig, tid, seed_turns(rig.store, tid, 6)))
+    [request] = fake_llm.chat_requests("structured")
+    stated = re.search(r"at most (\d+) characters, saying", request.messages[0]["content"]).group(1)
+    assert 60 <= int(stated) <= 300
 
 
 def test_without_room_for_a_gist_the_model_is_not_asked(compaction_rig, fake_llm):

@@ -31,7 +31,7 @@ from app.observability import metrics
 from app.settings import MemoryLimits
 from app.store.keys import WORKER_METRICS_KEY
 from tests.fake_llm import Reply
-from tests.fixtures.celery_worker import history, seed_turns, wait_until
+from tests.fixtures.celery_worker import history, seed_turns, wait_no_refinement, wait_until
 from tests.fixtures.live_app import ChatClient, LiveServer
 from tests.servers import free_port, stop
 
@@ -149,7 +149,8 @@ def test_open_websockets_gauge_follows_connections(live_app):
 
 
 def test_compactions_run_by_a_real_worker_are_counted_through_redis(make_compaction_rig, fake_llm):
-    rig = make_compaction_rig(limits=MemoryLimits(recent_turns=1), compaction_max_retries=0)
+    rig = make_compaction_rig(limits=MemoryLimits(recent_turns=1), compaction_max_retries=0,
+                              compaction_refine_after_folds=1)
     server = LiveServer(rig.app)
     try:
         assert scrape(server.url).value("chat_compactions_total", outcome="applied", reason="llm") == 0
@@ -157,28 +158,30 @@ def test_compactions_run_by_a_real_worker_are_counted_through_redis(make_compact
                           model="fake-compact", times=1)
         rig.worker()
         applied_thread = "chat:" + "a" * 64
-        rig.request(applied_thread, seed_turns(rig.store, applied_thread, 3))  # two turns to fold: room for a gist
-        rig.wait_outcome(applied_thread, "applied")
-        rig.wait_idle(applied_thread)
+        rig.request(applied_thread, seed_turns(rig.store, applied_thread, 3))  # two turns to fold
+        rig.wait_outcome(applied_thread, "applied", count=2)  # the fold, then its refinement
+        wait_no_refinement(rig, applied_thread)
 
         fake_llm.add_rule(Reply(status=400, error_message="no"), model="fake-compact")
         failed_thread = "chat:" + "b" * 64
         rig.request(failed_thread, seed_turns(rig.store, failed_thread, 3))
-        [failed] = rig.wait_outcome(failed_thread, "failed")
-        rig.wait_idle(failed_thread)
+        [failed, _fold] = rig.wait_outcome(failed_thread, "failed")  # the fold applied; the refinement failed
+        wait_no_refinement(rig, failed_thread)
 
-        [applied] = history(rig.client, applied_thread)
+        entries = history(rig.client, applied_thread) + history(rig.client, failed_thread)
+        applied = [e for e in entries if e["outcome"] == "applied"]
         result = scrape(server.url)
         assert result.value("chat_compactions_total", outcome="applied", reason="llm") == 1
+        assert result.value("chat_compactions_total", outcome="applied", reason="extractive") == 2  # the folds
         assert result.value("chat_compactions_total", outcome="failed", reason=failed["reason"]) == 1
-        assert result.value("chat_compaction_duration_seconds_count", outcome="applied") == 1
+        assert result.value("chat_compaction_duration_seconds_count", outcome="applied") == len(applied) == 3
         assert result.value("chat_compaction_duration_seconds_sum", outcome="applied") == \
-            pytest.approx(applied["durationMs"] / 1000)
+            pytest.approx(sum(e["durationMs"] for e in applied) / 1000)
         assert result.value("chat_compaction_duration_seconds_count", outcome="failed") == 1
-        assert result.value("chat_compaction_duration_seconds_bucket", outcome="applied", le="+Inf") == 1
-        assert result.value("chat_compaction_fact_retention_ratio_count") == 1
-        assert result.value("chat_compaction_fact_retention_ratio_sum") == pytest.approx(applied["factRetention"])
-        assert result.value("chat_compaction_fact_retention_ratio_bucket", le="1.0") == 1
+        assert result.value("chat_compaction_duration_seconds_bucket", outcome="applied", le="+Inf") == 3
+        assert result.value("chat_compaction_fact_retention_ratio_count") == 3
+        assert result.value("chat_compaction_fact_retention_ratio_sum") == \
+            pytest.approx(sum(e["factRetention"] for e in applied))
     finally:
         server.stop()
 

@@ -464,7 +464,9 @@ def test_agent_writing_before_the_turn_runner_is_deduplicated(chat, fake_llm, li
 
 def test_compaction_keeps_recent_runtime_answers_verbatim(chat, fake_llm, live_app, redis_client):
     from tests.fixtures.celery_worker import assistant_text, user_text
-    from app.compaction.service import run_compaction
+    from app.compaction.service import run_compaction, run_refinement
+    from app.store.keys import ThreadKeys
+    from tests.fixtures.celery_worker import asked, record
 
     services = live_app.app.extensions["chat"]
     thread_id = chat.thread()["threadId"]
@@ -491,8 +493,11 @@ def test_compaction_keeps_recent_runtime_answers_verbatim(chat, fake_llm, live_a
     recent = [m.to_dict() for m in before.messages[-8:]]
     fake_llm.add_rule(Reply(json={"summary": "They chatted about the numbers one and two.", "pinnedDecisions": []}),
                       model="fake-compact")
-    outcome = run_compaction(services, thread_id, before.version)
+    sent = []
+    outcome = run_compaction(services, thread_id, before.version, send_refine=lambda *args: sent.append(args))
     assert outcome.outcome == "applied", outcome
+    redis_client.delete(ThreadKeys(thread_id).active)  # quiet: the model's part runs now
+    assert run_refinement(services, thread_id, sent[0][1]).outcome == "applied"
 
     hydrated = chat.thread()
     assert hydrated["messages"] == recent  # verbatim: ids, texts, lengths and timestamps unchanged
@@ -502,8 +507,7 @@ def test_compaction_keeps_recent_runtime_answers_verbatim(chat, fake_llm, live_a
         "It is 83,810,205.", "There are two commands.", "Your picnic is planned.",
         ("# Delivery Report\n" + "B" * 8200)[: 8000 - len(TRUNCATION_NOTICE)] + TRUNCATION_NOTICE]
     after = services.store.load(thread_id)
-    assert after.summary == ("Statements kept from earlier turns:\n- About: They chatted about the numbers one and two.\n"
-                             "(turns 1–2 of this conversation)")
+    assert after.summary == record(1, 2, asked(1), asked(2), "- About: They chatted about the numbers one and two.")
     assert find_forbidden_key(hydrated) is None
     compaction_prompt = json.dumps(fake_llm.last_request(lambda r: r.model == "fake-compact").messages)
     for needle in ["12345*6789", "PLANITEM", "OUTPUT-1", "PLANTEXT", "BUILDTEXT", "resource://docs/commands"]:

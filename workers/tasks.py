@@ -1,4 +1,5 @@
-"""The Celery tasks of the worker process: one task, ``compact_thread``, a thin shell around the service.
+"""The Celery tasks of the worker process: ``compact_thread`` (the fold) and ``refine_thread`` (the model's part),
+thin shells around the service (README: A compaction).
 
 Queue, late acknowledgement, rejection on a lost worker, prefetch and time limits
 come from the Celery configuration (``app.celery_setup``), not from here.
@@ -12,8 +13,8 @@ import threading
 
 from celery import shared_task, signals
 
-from app.compaction.requests import TASK_NAME
-from app.compaction.service import run_compaction
+from app.compaction.requests import REFINE_TASK_NAME, TASK_NAME
+from app.compaction.service import run_compaction, run_refinement
 from app.extensions import services
 from app.observability.metrics import observe_compaction
 from app.store.compaction_outcome import Outcome
@@ -83,16 +84,25 @@ def retry_countdown_for(broker_url: str | None, seconds: float) -> float:
     return seconds
 
 
+def _refine_sender(app):
+    """Publishes ``refine_thread`` for ``(thread_id, token)`` after ``countdown`` seconds (0: at once)."""
+    def send(thread_id: str, token: int, countdown: float) -> None:
+        options = {"countdown": retry_countdown_for(app.conf.broker_url, countdown)} if countdown > 0 else {}
+        app.send_task(REFINE_TASK_NAME, args=[thread_id, int(token)], **options)
+    return send
+
+
 @shared_task(bind=True, name=TASK_NAME)
 def compact_thread(self, thread_id: str, seen_version: int) -> str:
-    """Compact one thread (``app.compaction.service.run_compaction``).
+    """Fold one thread's oldest turns beyond the recent window, without a model
+    (``app.compaction.service.run_compaction``); ask for a refinement when one applied.
 
     Args:
         thread_id: ``chat:`` + 64 hex.  Message text never travels in the task.
         seen_version: the version the request saw.
 
     Returns:
-        The outcome: ``applied``, ``failed``, ``skipped``, or ``discarded: stale`` for a result
+        The outcome: ``fold applied``, ``failed``, ``blocked``, ``skipped``, or ``discarded: stale`` for a result
         discarded because the thread changed meanwhile (``STALE_RESULT``).  There is no result
         backend; Flower shows this value in the task's Result column (README: A compaction).
 
@@ -100,10 +110,55 @@ def compact_thread(self, thread_id: str, seen_version: int) -> str:
     at most ``COMPACTION_MAX_RETRIES`` times); the pending marker is kept while a retry waits.
     """
     svc = services()
-    outcome = run_compaction(svc, thread_id, seen_version, attempt=self.request.retries)
+    outcome = run_compaction(svc, thread_id, seen_version, attempt=self.request.retries,
+                             send_refine=_refine_sender(self.app))
     if outcome.entry is not None:
         observe_compaction(svc.redis, outcome.entry)  # counters for /metrics, aggregated through Redis
     if outcome.retry_in is not None:
         raise self.retry(countdown=retry_countdown_for(self.app.conf.broker_url, outcome.retry_in),
                          max_retries=svc.settings.compaction_max_retries)
-    return STALE_RESULT if outcome.outcome == Outcome.STALE else str(outcome.outcome)  # Flower shows the repr: a plain str
+    if outcome.outcome == Outcome.STALE:
+        return STALE_RESULT
+    if outcome.outcome == Outcome.APPLIED:
+        return FOLD_RESULT
+    return str(outcome.outcome)  # Flower shows the repr: a plain str
+
+
+FOLD_RESULT = "fold applied"
+REFINED_RESULT = "refined"
+"""The tasks' return values for an applied fold and an applied refinement (Flower's Result column)."""
+
+
+@shared_task(bind=True, name=REFINE_TASK_NAME)
+def refine_thread(self, thread_id: str, token: int) -> str:
+    """Add the model's gist and notes for the turns folded since the last refinement, when the thread is
+    quiet (``app.compaction.service.run_refinement``).
+
+    Args:
+        thread_id: ``chat:`` + 64 hex.
+        token: the value of the thread's refinement marker.
+
+    Returns:
+        ``refined``, ``waiting: <seconds> s`` (not quiet yet: the task was published again with that
+        countdown), ``failed``, ``skipped`` or ``discarded: stale`` (asked again later).  Transient model or
+        store failures are retried like the fold's (``COMPACTION_MAX_RETRIES``).
+    """
+    svc = services()
+    outcome = run_refinement(svc, thread_id, token, attempt=self.request.retries)
+    if outcome.entry is not None:
+        observe_compaction(svc.redis, outcome.entry)
+    if outcome.retry_in is not None:
+        raise self.retry(countdown=retry_countdown_for(self.app.conf.broker_url, outcome.retry_in),
+                         max_retries=svc.settings.compaction_max_retries)
+    if outcome.reschedule_in is not None:
+        try:
+            _refine_sender(self.app)(thread_id, token, outcome.reschedule_in)
+        except Exception as exc:  # the marker expires; the next fold asks again
+            log.warning("refinement of %s not rescheduled: %s", thread_id[:13], type(exc).__name__)
+            svc.compaction_requests.release(thread_id, token, refine=True)
+        if outcome.outcome == Outcome.STALE:
+            return STALE_RESULT
+        return f"waiting: {outcome.reschedule_in:.0f} s"
+    if outcome.outcome == Outcome.APPLIED:
+        return REFINED_RESULT
+    return str(outcome.outcome)

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Callable, TypeVar
 
 from app.extensions import Services
+from app.compaction.service import fold_at_cap
 from app.llm.client import CancelEvent, StreamStats
 from app.llm.provider import LLMError
 from app.memory.context import AssembledContext, ContextTooLong, assemble_context
@@ -46,6 +47,8 @@ log = logging.getLogger(__name__)
 
 STREAMING, COMMITTING, FINISHED = "streaming", "committing", "finished"
 T = TypeVar("T")
+REFUSALS = {"id_conflict": "message_id_reused", "full": "memory_full"}
+"""The store's refusals of a commit (``CommitResult.refused``) as the done frame's ``reason``."""
 
 
 @dataclass
@@ -62,7 +65,8 @@ class TurnOutcome:
         committed: True when memory was written.
         cleared: True when nothing was written because the thread was cleared after the turn started.
         unsaved_reason: why a turn that ended ``completed`` or ``blocked`` was not written
-            (``thread_cleared``, ``store_unavailable``, ``rejected``; the done frame's ``reason``), or None.
+            (``thread_cleared``, ``store_unavailable``, ``rejected``, ``message_id_reused``, ``memory_full``;
+            the done frame's ``reason``), or None.
         error_code: the contract error code of a failed turn.
         user_message_id: the user message id of the turn.
     """
@@ -116,6 +120,7 @@ class Turn(TurnIO):
         self._lock = threading.Lock()
         self._phase = STREAMING
         self._pieces: list[str] = []
+        self._folded_at_cap = False
         self.outcome = TurnOutcome(TurnStatus.FAILED, self.message_id, self.user_id)
         self.stats = self.outcome.stats
 
@@ -218,6 +223,7 @@ class Turn(TurnIO):
 
         An unexpected error still ends the turn with ``done`` (``failed`` while streaming).
         """
+        self._mark_activity(streaming=True)  # README: A compaction (the model's part waits for quiet)
         try:
             self._run(context)
         except Exception:
@@ -231,7 +237,16 @@ class Turn(TurnIO):
                     self._finish(TurnStatus.COMPLETED)
         finally:
             self._account()
+            self._mark_activity(streaming=False)
         return self.outcome
+
+    def _mark_activity(self, *, streaming: bool) -> None:
+        """Tell the compaction requests that this thread streams, or has just ended a turn; never raises."""
+        try:
+            requests = self.services.compaction_requests
+            (requests.turn_streaming if streaming else requests.turn_ended)(self.thread_id)
+        except Exception:
+            log.debug("activity of %s not marked", self.thread_id[:13], exc_info=True)
 
     def _run(self, context: AssembledContext) -> None:
         settings = self.services.settings
@@ -297,11 +312,20 @@ class Turn(TurnIO):
             log.error("turn on %s not written: store unavailable", self.thread_id[:13])
             self.outcome.unsaved_reason = "store_unavailable"
             return
+        if commit.refused == "full" and not self._folded_at_cap:
+            self._folded_at_cap = True  # the worker's folds are behind: fold here, without the model, once
+            if fold_at_cap(self.services, self.thread_id):
+                return self._commit(result)
         self.outcome.committed = commit.appended
         if commit.cleared:
             log.info("turn on %s not written: the thread was cleared after it started", self.thread_id[:13])
             self.outcome.cleared = True
             self.outcome.unsaved_reason = "thread_cleared"
+        elif commit.refused in REFUSALS:  # docs/contract.md: the done frame
+            log.warning("turn on %s not written: %s", self.thread_id[:13], commit.refused)
+            self.outcome.unsaved_reason = REFUSALS[commit.refused]
+            if commit.refused == "full":  # and folding here did not help: ask the worker again
+                self._request_compaction(commit, result)
         return commit if commit.appended else None
 
     def _request_compaction(self, commit, result: ProducerResult) -> None:

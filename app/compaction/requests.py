@@ -1,5 +1,12 @@
 """Asking for a compaction after a committed turn: due? then one pending marker, then the task by name.
 
+A compaction runs in two speeds (README: A compaction): the *fold* (``TASK_NAME``), asked here after
+every commit that leaves more than ``MEMORY_RECENT_TURNS`` whole turns stored, moves the oldest
+turns into the record and the archive without a model; the *refinement* (``REFINE_TASK_NAME``),
+asked by an applied fold (``request_refinement``), adds the model's gist and notes later, when
+the thread is quiet.  A turn marks its thread ``streaming`` while it streams and ``idle`` for
+``COMPACTION_IDLE_SECONDS`` after (``turn_streaming``, ``turn_ended``).
+
 ``CompactionRequests.after_commit`` is what the turn runner calls right after a
 commit.  When ``compaction_due`` says so it sets the thread's one-pending marker
 (SET NX EX, holding the version it saw) and publishes ``TASK_NAME`` with the
@@ -28,10 +35,19 @@ from app.store.thread_store import StoreUnavailable, ThreadStore
 log = logging.getLogger(__name__)
 
 TASK_NAME = "workers.compact_thread"
-"""The Celery task's name (``workers/tasks.py`` registers it; routing sends it to the ``compaction`` queue)."""
+"""The fold task's name (``workers/tasks.py`` registers it; routing sends it to the ``compaction`` queue)."""
+REFINE_TASK_NAME = "workers.refine_thread"
+"""The refinement task's name (the model's part of a compaction; the same ``compaction`` queue)."""
 
 SendTask = Callable[[str, int], None]
 """Publishes the compaction task for ``(thread_id, version)``; raises on a broker failure."""
+SendRefine = Callable[[str, int, float], None]
+"""Publishes the refinement task for ``(thread_id, token)`` after ``countdown`` seconds; raises on a broker failure."""
+
+STREAMING, IDLE = "streaming", "idle"
+"""The values of a thread's activity key (``ThreadKeys.active``)."""
+ACTIVITY_MARGIN_SECONDS = 30
+"""How much longer than ``LLM_TURN_TIMEOUT_SECONDS`` a ``streaming`` mark lives (a turn whose process died)."""
 
 
 def queued_marker_ttl(settings) -> int:
@@ -50,6 +66,12 @@ def running_marker_ttl(settings) -> int:
 
 def retry_marker_ttl(settings, countdown: float) -> int:
     """Seconds the marker is held while a retry waits ``countdown`` seconds: that wait plus the queued TTL."""
+    return int(math.ceil(countdown) + settings.compaction_queued_ttl)
+
+
+def waiting_marker_ttl(settings, countdown: float) -> int:
+    """Seconds a refinement's marker lives while its task waits ``countdown`` seconds: that wait plus the
+    queued TTL."""
     return int(math.ceil(countdown) + settings.compaction_queued_ttl)
 
 
@@ -97,21 +119,76 @@ class CompactionRequests:
         log.info("compaction requested for %s at version %s", thread_id[:13], version)
         return True
 
-    def release(self, thread_id: str, version: int) -> None:
+    def turn_streaming(self, thread_id: str) -> None:
+        """Mark the thread's turn as streaming (no refinement starts meanwhile); never raises."""
+        self._mark(thread_id, STREAMING, self.settings.llm_turn_timeout + ACTIVITY_MARGIN_SECONDS)
+
+    def turn_ended(self, thread_id: str) -> None:
+        """Mark the thread as busy for ``COMPACTION_IDLE_SECONDS`` more after a turn ended; never raises."""
+        self._mark(thread_id, IDLE, self.settings.compaction_idle_seconds)
+
+    def _mark(self, thread_id: str, activity: str, seconds: float) -> None:
+        try:
+            self.store.mark_activity(thread_id, activity, seconds)
+        except Exception as exc:  # never changes a turn: a refinement may then start during it
+            log.warning("activity of %s not marked: %s", thread_id[:13], type(exc).__name__)
+
+    def request_refinement(self, thread_id: str, token: int, unrefined_folds: int, send: SendRefine | None) -> bool:
+        """After an applied fold: ask for the model's part once (one pending refinement per thread).
+
+        The task is published with a countdown of ``COMPACTION_IDLE_SECONDS``, or at once when
+        ``unrefined_folds`` reached ``COMPACTION_REFINE_AFTER_FOLDS``; the task itself re-checks (quiet?
+        streaming?) and publishes itself again when it is too early.  Nothing is asked with
+        ``COMPACTION_STRATEGY=extractive`` or without ``send``.
+
+        Returns:
+            True when a refinement was published.  Failures are logged and give False.
+        """
+        settings = self.settings
+        if send is None or settings.compaction_strategy != "llm":
+            return False
+        due_now = unrefined_folds >= settings.compaction_refine_after_folds and not settings.bundled_model
+        countdown = 0.0 if due_now else float(settings.compaction_idle_seconds)
+        try:
+            if not self.store.mark_compaction_pending(thread_id, token, waiting_marker_ttl(settings, countdown),
+                                                      refine=True):
+                return False
+        except StoreUnavailable as exc:
+            log.warning("refinement for %s not requested: store unavailable (%s)", thread_id[:13], exc)
+            return False
+        try:
+            send(thread_id, int(token), countdown)
+        except Exception as exc:
+            log.warning("refinement for %s not enqueued: %s", thread_id[:13], type(exc).__name__)
+            self.release(thread_id, token, refine=True)
+            return False
+        log.info("refinement requested for %s in %.0f s (%d folds without it)", thread_id[:13], countdown,
+                 unrefined_folds)
+        return True
+
+    def block(self, thread_id: str, reason: str) -> None:
+        """Stop asking for folds of this thread for ``COMPACTION_BLOCKED_SECONDS`` (a reason a retry will not
+        fix); a clear lifts it.  Never raises."""
+        try:
+            self.store.block_compactions(thread_id, reason, self.settings.compaction_blocked_seconds)
+        except StoreUnavailable as exc:
+            log.warning("compactions of %s not marked as blocked: %s", thread_id[:13], exc)
+
+    def release(self, thread_id: str, version: int, *, refine: bool = False) -> None:
         """Release the pending marker if it still holds ``version`` (it expires otherwise)."""
         try:
-            self.store.release_compaction_marker(thread_id, version)
+            self.store.release_compaction_marker(thread_id, version, refine=refine)
         except StoreUnavailable as exc:
             log.warning("compaction marker for %s not released (it expires): %s", thread_id[:13], exc)
 
-    def hold(self, thread_id: str, version: int, seconds: int) -> bool:
+    def hold(self, thread_id: str, version: int, seconds: int, *, refine: bool = False) -> bool:
         """Hold the marker of the task for ``version`` for ``seconds`` more (set again when it expired).
 
         Returns False when another request's marker stands (this task then runs as a harmless
         duplicate) or the store failed (logged; the marker keeps its expiry).
         """
         try:
-            return self.store.hold_compaction_marker(thread_id, version, seconds)
+            return self.store.hold_compaction_marker(thread_id, version, seconds, refine=refine)
         except StoreUnavailable as exc:
             log.warning("compaction marker for %s not held (it expires): %s", thread_id[:13], exc)
             return False

@@ -1,24 +1,31 @@
-"""One compaction, end to end: re-read, plan, fold, check, commit with one compare-and-set, report.
+"""A compaction in two speeds: the fold (no model, at once) and the refinement (the model, later, batched).
 
-Lifecycle of one attempt (``run_compaction``)::
+README: A compaction.  Lifecycle of one **fold** (``run_compaction``, the task ``workers.compact_thread``,
+asked after every commit that leaves more than ``MEMORY_RECENT_TURNS`` whole turns stored)::
 
     hold the marker for as long as the attempt may run ─► load the thread (never data from the task
-      message) ─► still due? plan (pure)
-      ─► fold it without the model (``compose``): would that free GAIN_SHARE of the folded
-         tokens? no ─► skipped ("no_gain"), no model call, marker released
-      ─► publish "started" ─► model: a short gist and proposed decisions (bounded output,
-         structured JSON) ─► validate: a bad shape is a failure (nothing written, retried);
-         a gist over its limit, naming facts the turns do not hold, or making memory shrink
-         too little is asked once more, then the fold goes on without the answer
-      ─► fact guard (``compose``) ─► apply_compaction (Lua compare-and-set: generation
-         unchanged, folded ids still the oldest messages)
-           applied: publish "succeeded", history, release the marker, request again if due
-           stale:   discard, history ("discarded: the thread changed meanwhile"), release the
-                    marker, request again if due
-           failed:  nothing written; publish "failed", history; retried with backoff for
-                    transient errors (the marker is held for the wait); after the last retry the marker is
-                    released; past the hard cap on stored messages the fold goes on without
-                    the model instead.
+      message) ─► still due? plan (pure): the oldest whole turns beyond the recent window
+      ─► fold them without the model (``compose(..., answer=None, require_gain=False)``: no gain
+         rule, a fold that frees little still folds; the archive keeps every word)
+      ─► apply_compaction (Lua compare-and-set: generation unchanged, folded ids still the oldest)
+           applied: history (step ``fold``), publish "succeeded", release the marker, request
+                    again if still due, then ask for a refinement (one pending per thread)
+           stale:   discard, history, release the marker, request again if due
+           failed:  nothing written; a store failure is retried with backoff (the marker held
+                    meanwhile); a reason a retry will not fix (``corrupt``, ``fact_guard``,
+                    ``internal``) blocks the thread's folds for ``COMPACTION_BLOCKED_SECONDS``
+                    (history outcome ``blocked``), so turns do not ask again at every commit.
+
+Lifecycle of one **refinement** (``run_refinement``, the task ``workers.refine_thread``)::
+
+    hold the refinement marker ─► a turn of the thread streams, or a turn ended less than
+      COMPACTION_IDLE_SECONDS ago with fewer than COMPACTION_REFINE_AFTER_FOLDS folds unrefined?
+      ─► publish itself again later (``reschedule_in``), nothing else
+      ─► else: the turns folded since the last refinement (``archived_turns``), the model asked
+         for a gist and notes (``produce``, at most two calls), composed on the current record
+      ─► apply_refinement (Lua compare-and-set on ``gen``): applied or stale (discarded, asked
+         again later); a model failure is retried with backoff, and after the last retry the
+         turns are marked refined without a gist (the record already holds their statements).
 
 No WATCH is held across the model call and a write is never retried from a stale
 snapshot: every attempt re-reads.  Store failures in requests are logged and never
@@ -30,7 +37,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from celery.utils.time import get_exponential_backoff_interval
@@ -38,8 +45,8 @@ from celery.utils.time import get_exponential_backoff_interval
 from app.llm.provider import LLMError
 from app.llm.structured import answer_schema, strict_answer_schema
 from app.memory import compaction as domain
-from app.memory.compaction import CompactionAnswer, CompactionPlan, CompactionResult
-from app.compaction.requests import retry_marker_ttl, running_marker_ttl
+from app.memory.compaction import CompactionAnswer, CompactionPlan, CompactionResult, Strategy
+from app.compaction.requests import STREAMING, SendRefine, retry_marker_ttl, running_marker_ttl, waiting_marker_ttl
 from app.memory.state import ThreadState, utc_now_iso
 from app.store.archive import archived_turns
 from app.store.compaction_outcome import Outcome, Reason, reason_of
@@ -57,6 +64,13 @@ RETRY_BACKOFF_MAX_SECONDS = 600
 RETRYABLE = frozenset({Reason.RATE_LIMITED, Reason.TIMEOUT, Reason.UNAVAILABLE, Reason.INVALID_ANSWER,
                        Reason.STORE_UNAVAILABLE})
 
+STEP_FOLD, STEP_REFINE = "fold", "refine"
+"""The ``step`` of a history entry and a memory event (README: A compaction)."""
+STREAMING_POLL_SECONDS = 5.0
+"""How soon a refinement that found a turn streaming looks again (seconds; at most ``COMPACTION_IDLE_SECONDS``)."""
+REFINE_MAX_TURNS = 32
+"""Most folded turns one refinement shows the model (the newest; older unrefined ones keep the folds' record)."""
+MESSAGE_FOLDED = "Older turns were moved to the record."
 MESSAGE_STARTED = "Summarizing older turns to keep memory short."
 MESSAGE_SUCCEEDED = "Older turns were summarized."
 MESSAGE_RETRYING = "Older turns could not be summarized yet. They are kept as they are; trying again later."
@@ -136,14 +150,16 @@ def prepare(services: Services, thread_id: str) -> Prepared | None:
                     preceding[-1].answer if preceding else "")
 
 
-def _compose(services: Services, prepared: Prepared, answer: CompactionAnswer | None, *, force: bool = False):
+def _compose(services: Services, prepared: Prepared, answer: CompactionAnswer | None, *, force: bool = False,
+             require_gain: bool = True):
     settings = services.settings
     return domain.compose(prepared.state, prepared.plan, answer, limits=settings.limits, counter=services.counter,
                           prompt_budget=settings.prompt_budget, force=force,
-                          preceding_answer=prepared.preceding_answer)
+                          preceding_answer=prepared.preceding_answer, require_gain=require_gain)
 
 
-def _ask(services: Services, messages: list[dict], deadline: float, max_gist_chars: int):
+def _ask(services: Services, messages: list[dict], deadline: float, max_gist_chars: int,
+         calls: list[int] | None = None):
     """One structured model call, never past ``deadline`` (``time.monotonic()`` seconds).
 
     The schema sent bounds the gist to ``max_gist_chars`` (a grammar-constrained model cannot write more).
@@ -152,6 +168,8 @@ def _ask(services: Services, messages: list[dict], deadline: float, max_gist_cha
     remaining = deadline - time.monotonic()
     if remaining < 1.0:
         raise LLMError("llm_unavailable", "The model took too long to answer. Please try again.", Reason.TIMEOUT, True)
+    if calls is not None:
+        calls.append(services.counter.prompt(messages))
     schema = answer_schema(CompactionAnswer)
     schema = {**schema, "properties": {**schema["properties"],
                                        "summary": {**schema["properties"]["summary"], "maxLength": max_gist_chars}}}
@@ -161,7 +179,7 @@ def _ask(services: Services, messages: list[dict], deadline: float, max_gist_cha
 
 
 def produce(services: Services, prepared: Prepared, *, deadline: float | None = None,
-            fallback: CompactionResult | None = None) -> CompactionResult:
+            fallback: CompactionResult | None = None, calls: list[int] | None = None) -> CompactionResult:
     """Ask the model for the gist and proposed decisions and compose what is written.
 
     At most two model calls: the first, and once more when the answer passes a limit,
@@ -196,7 +214,7 @@ def produce(services: Services, prepared: Prepared, *, deadline: float | None = 
     except domain.PromptTooLong:
         log.info("compaction for %s: the window is too small for a model prompt; folding without the model", short)
         return extractive
-    answer = _ask(services, prompt, deadline, max_gist)
+    answer = _ask(services, prompt, deadline, max_gist, calls)
     try:
         return _compose(services, prepared, domain.validate_answer(answer.data))
     except domain.InvalidCompactionOutput as exc:
@@ -207,7 +225,7 @@ def produce(services: Services, prepared: Prepared, *, deadline: float | None = 
     try:
         prompt = domain.build_compaction_prompt(prepared.plan, limits, counter, budget, max_gist_chars=max_gist,
                                                 previous_answer=answer.raw, feedback=feedback)
-        second = _ask(services, prompt, deadline, max_gist)
+        second = _ask(services, prompt, deadline, max_gist, calls)
         return _compose(services, prepared, domain.validate_answer(second.data))
     except (LLMError, domain.InvalidCompactionOutput, domain.PromptTooLong) as exc:
         log.info("compaction for %s: second answer not usable (%s); folding without the model's answer", short,
@@ -227,15 +245,20 @@ def commit(services: Services, prepared: Prepared, result: CompactionResult) -> 
         summary=result.summary, notes=list(result.notes), compacted_at=utc_now_iso())
 
 
-def run_compaction(services: Services, thread_id: str, seen_version: int, *, attempt: int = 0) -> CompactionOutcome:
-    """One attempt of the compaction task (the body of ``workers.compact_thread``; tests call it directly).
+def _fold_figures(prepared: Prepared, result: CompactionResult | None, started: float, attempt: int) -> dict:
+    return {"step": STEP_FOLD, **_figures(prepared, result, started, attempt)}
+
+
+def run_compaction(services: Services, thread_id: str, seen_version: int, *, attempt: int = 0,
+                   send_refine: SendRefine | None = None) -> CompactionOutcome:
+    """One attempt of the fold task (the body of ``workers.compact_thread``; tests call it directly).
 
     Args:
-        services: the process's ``Services`` (store, settings, counter, compaction model client,
-            compaction requests).
+        services: the process's ``Services`` (store, settings, counter, compaction requests).
         thread_id: the thread to compact.
         seen_version: the version the request saw (the marker's value).
         attempt: 0 for the first attempt, n for the n-th retry.
+        send_refine: publishes the refinement task (``SendRefine``); None: no refinement is asked.
 
     Returns:
         The outcome; ``retry_in`` is set when the caller should retry after that many seconds.
@@ -249,18 +272,22 @@ def run_compaction(services: Services, thread_id: str, seen_version: int, *, att
     def fail(reason: Reason | str, prepared: Prepared | None, retryable: bool) -> CompactionOutcome:
         retry = retryable and can_retry
         retry_in = retry_countdown(settings, attempt) if retry else None
-        entry = None
-        if prepared is not None:
-            entry = _record(services, thread_id, Outcome.FAILED, reason, _figures(prepared, None, started, attempt))
-            _publish(services, thread_id, "failed", MESSAGE_RETRYING if retry else MESSAGE_FAILED,
-                     reason=reason, retrying=retry)
-        log.warning("compaction for %s failed (%s), attempt %d%s", short, reason, attempt + 1,
-                    f"; retrying in {retry_in:.1f} s" if retry else "; giving up until the next turn")
+        outcome = Outcome.FAILED if retryable else Outcome.BLOCKED
+        figures = _fold_figures(prepared, None, started, attempt) if prepared is not None else \
+            {"step": STEP_FOLD, "attempt": attempt, "durationMs": int((time.monotonic() - started) * 1000)}
+        entry = _record(services, thread_id, outcome, reason, figures)
+        _publish(services, thread_id, "failed", MESSAGE_RETRYING if retry else MESSAGE_FAILED,
+                 reason=reason, retrying=retry, step=STEP_FOLD)
+        log.warning("fold of %s failed (%s), attempt %d%s", short, reason, attempt + 1,
+                    f"; retrying in {retry_in:.1f} s" if retry else
+                    ("; giving up until the next turn" if retryable else "; folds blocked"))
         if retry:
             requests.hold(thread_id, seen_version, retry_marker_ttl(settings, retry_in))
-        else:
+        elif retryable:
             requests.release(thread_id, seen_version)
-        return CompactionOutcome(Outcome.FAILED, reason, retry_in, entry)
+        else:
+            requests.block(thread_id, str(reason))
+        return CompactionOutcome(outcome, reason, retry_in, entry)
 
     # The marker was set for the time a task may wait in the queue; hold it while this attempt may run.
     requests.hold(thread_id, seen_version, running_marker_ttl(settings))
@@ -269,42 +296,21 @@ def run_compaction(services: Services, thread_id: str, seen_version: int, *, att
     except StoreUnavailable:
         return fail(Reason.STORE_UNAVAILABLE, None, True)
     except CorruptState:
-        log.error("compaction for %s skipped: stored state is invalid", short)
+        log.error("fold of %s skipped: stored state is invalid", short)
         return fail(Reason.CORRUPT, None, False)
     if prepared is None:
-        log.info("compaction for %s skipped: not due (seen version %s)", short, seen_version)
+        log.info("fold of %s skipped: not due (seen version %s)", short, seen_version)
         requests.release(thread_id, seen_version)
         return CompactionOutcome(Outcome.SKIPPED, Reason.NOT_DUE)
 
     try:
-        extractive = _compose(services, prepared, None, force=prepared.at_hard_cap)
-    except domain.NoGain:
-        log.info("compaction for %s skipped: folding %d turns would free too little; waiting for more turns",
-                 short, prepared.plan.folded_turns)
-        requests.release(thread_id, seen_version)
-        return CompactionOutcome(Outcome.SKIPPED, Reason.NO_GAIN)
+        result = _compose(services, prepared, None, require_gain=False)
     except domain.FactGuardFailure:
-        log.exception("compaction for %s: the fact guard refused the fold", short)
+        log.exception("fold of %s: the fact guard refused the fold", short)
         return fail(Reason.FACT_GUARD, prepared, False)
-
-    _publish(services, thread_id, "started", MESSAGE_STARTED)
-    deadline = started + max(settings.compaction_time_limit - TIME_MARGIN_SECONDS, 1.0)
-    try:
-        result = produce(services, prepared, deadline=deadline, fallback=extractive)
-    except domain.FactGuardFailure:
-        log.exception("compaction for %s: the fact guard refused the model's fold", short)
-        result = extractive
-    except Exception as exc:  # LLMError, a bad answer, a time limit, anything unexpected
-        reason, retryable = _classify(exc)
-        if isinstance(exc, (LLMError, domain.InvalidCompactionOutput)) or reason == Reason.TIMEOUT:
-            log.info("compaction for %s: model step failed: %s", short, reason)
-        else:
-            log.exception("compaction for %s: unexpected error", short)
-        if not prepared.at_hard_cap:
-            return fail(reason, prepared, retryable)
-        log.warning("compaction for %s: %d messages at the hard cap; folding without the model",
-                    short, len(prepared.state.messages))
-        result = extractive
+    except Exception:
+        log.exception("fold of %s: unexpected error", short)
+        return fail(Reason.INTERNAL, prepared, False)
 
     try:
         committed = commit(services, prepared, result)
@@ -313,29 +319,197 @@ def run_compaction(services: Services, thread_id: str, seen_version: int, *, att
 
     if committed.outcome == Outcome.APPLIED:
         entry = _record(services, thread_id, Outcome.APPLIED, result.strategy,
-                        _figures(prepared, result, started, attempt))
-        _publish(services, thread_id, "succeeded", MESSAGE_SUCCEEDED, summaryLength=len(result.summary),
+                        _fold_figures(prepared, result, started, attempt))
+        _publish(services, thread_id, "succeeded", MESSAGE_FOLDED, summaryLength=len(result.summary),
                  noteCount=len(result.notes), turnsFolded=prepared.plan.folded_turns,
-                 factRetention=result.retention)
-        log.info("compaction for %s applied (%s): folded %d turns, kept %d, tokens %d -> %d, summary %d chars, "
-                 "%d notes (%d proposed refused), facts %d checked, %d kept, %d let go by policy (%s), "
-                 "%d answer facts not kept, %d ms",
-                 short, result.strategy, prepared.plan.folded_turns, prepared.plan.kept_turns, result.tokens_before,
-                 result.tokens_after, len(result.summary), len(result.notes), result.notes_refused,
-                 result.facts_checked, result.facts_kept, result.facts_dropped, ",".join(result.policy_steps) or "-",
-                 result.facts_skipped, entry["durationMs"])
+                 factRetention=result.retention, step=STEP_FOLD)
+        log.info("fold of %s applied: folded %d turns, kept %d, tokens %d -> %d, summary %d chars, "
+                 "facts %d checked, %d kept, %d let go by policy (%s), %d answer facts not kept, %d ms",
+                 short, prepared.plan.folded_turns, prepared.plan.kept_turns, result.tokens_before,
+                 result.tokens_after, len(result.summary), result.facts_checked, result.facts_kept,
+                 result.facts_dropped, ",".join(result.policy_steps) or "-", result.facts_skipped, entry["durationMs"])
         requests.release(thread_id, seen_version)
         _request_again_if_due(services, thread_id)
+        requests.request_refinement(thread_id, committed.folded_turns or committed.version,
+                                    committed.unrefined_folds or 1, send_refine)
         return CompactionOutcome(Outcome.APPLIED, result.strategy, None, entry, result)
 
-    log.info("compaction for %s discarded: stale (%s); seen version %s, read version %s",
+    log.info("fold of %s discarded: stale (%s); seen version %s, read version %s",
              short, committed.detail, seen_version, prepared.state.version)
     entry = _record(services, thread_id, Outcome.STALE, committed.detail,
-                    {"attempt": attempt, "durationMs": int((time.monotonic() - started) * 1000)})
+                    {"step": STEP_FOLD, "attempt": attempt, "durationMs": int((time.monotonic() - started) * 1000)})
     requests.release(thread_id, seen_version)
     if not _request_again_if_due(services, thread_id):
-        _publish(services, thread_id, "failed", MESSAGE_STALE, reason=Outcome.STALE, retrying=False)
+        _publish(services, thread_id, "failed", MESSAGE_STALE, reason=Outcome.STALE, retrying=False, step=STEP_FOLD)
     return CompactionOutcome(Outcome.STALE, committed.detail, None, entry, result)
+
+
+def fold_at_cap(services: Services, thread_id: str) -> bool:
+    """The turn's own fold when its commit met the hard cap (the worker's folds are behind or down): the same
+    model-free fold and compare-and-set as ``run_compaction``, in the caller's process, without a marker;
+    recorded in the history (step ``fold``, ``atCap``).  Never raises.
+
+    Returns:
+        True when a fold was applied (or another one changed the thread meanwhile): commit again.
+    """
+    started = time.monotonic()
+    try:
+        prepared = prepare(services, thread_id)
+        if prepared is None:
+            return False
+        result = _compose(services, prepared, None, require_gain=False)
+        committed = commit(services, prepared, result)
+    except Exception as exc:  # a store failure, a corrupt thread, the fact guard: the turn says memory_full
+        log.warning("fold of %s at the hard cap failed: %s", thread_id[:13], type(exc).__name__)
+        return False
+    if committed.outcome == Outcome.APPLIED:
+        _record(services, thread_id, Outcome.APPLIED, result.strategy,
+                {**_fold_figures(prepared, result, started, 0), "atCap": True})
+        _publish(services, thread_id, "succeeded", MESSAGE_FOLDED, turnsFolded=prepared.plan.folded_turns,
+                 step=STEP_FOLD)
+        log.info("fold of %s at the hard cap applied in the turn: folded %d turns", thread_id[:13],
+                 prepared.plan.folded_turns)
+    return True
+
+
+@dataclass
+class RefineOutcome(CompactionOutcome):
+    """What one refinement attempt did (``CompactionOutcome``), and ``reschedule_in``: seconds after which the
+    task publishes itself again because the thread was not quiet yet (None otherwise)."""
+
+    reschedule_in: float | None = None
+
+
+def refine_plan(state: ThreadState, turns, limits, counter, prompt_budget: int) -> CompactionPlan:
+    """A plan over archived turns (``ArchivedTurn``, oldest first) for the model's prompt: their messages
+    as ``folded`` (each clipped, if need be, so the prompt fits), the stored messages as ``kept``."""
+    from app.memory.state import ThreadMessage
+
+    folded = tuple(ThreadMessage.from_dict(m) if isinstance(m, dict) else m
+                   for turn in turns for m in turn.messages)
+    cost = domain.messages_cost(folded, counter)
+    fold_budget = max(prompt_budget - domain.fixed_prompt_tokens(limits, counter), prompt_budget // 4)
+    per_message = fold_budget if cost <= fold_budget else max(fold_budget // max(len(folded), 1) - 8, 32)
+    return CompactionPlan(folded=folded, kept=tuple(state.messages), folded_turns=len(turns),
+                          kept_turns=len(state.messages) // 2, expected_gen=state.gen, version=state.version,
+                          message_token_limit=per_message)
+
+
+def run_refinement(services: Services, thread_id: str, token: int, *, attempt: int = 0) -> RefineOutcome:
+    """One attempt of the refinement task (the body of ``workers.refine_thread``; tests call it directly).
+
+    Args:
+        services: the process's ``Services``.
+        thread_id: the thread to refine.
+        token: the value its marker holds (``ThreadKeys.refining``).
+        attempt: 0 for the first attempt, n for the n-th retry after a model failure.
+
+    Returns:
+        The outcome: ``reschedule_in`` when the thread is not quiet yet (the marker is held for that wait);
+        ``retry_in`` after a transient failure; else final (the marker released).
+    """
+    settings = services.settings
+    started = time.monotonic()
+    short = thread_id[:13]
+    requests = services.compaction_requests
+    requests.hold(thread_id, token, running_marker_ttl(settings), refine=True)
+
+    def figures(**more) -> dict:
+        return {"step": STEP_REFINE, "attempt": attempt, "durationMs": int((time.monotonic() - started) * 1000),
+                **more}
+
+    try:
+        state = services.store.load(thread_id)
+        status = services.store.refine_status(thread_id)
+    except StoreUnavailable:
+        retry_in = retry_countdown(settings, attempt)
+        requests.hold(thread_id, token, retry_marker_ttl(settings, retry_in), refine=True)
+        return RefineOutcome(Outcome.FAILED, Reason.STORE_UNAVAILABLE, retry_in)
+    except CorruptState:
+        requests.release(thread_id, token, refine=True)
+        return RefineOutcome(Outcome.SKIPPED, Reason.CORRUPT)
+    if state.folded_turns <= status.refined_turns:
+        requests.release(thread_id, token, refine=True)
+        return RefineOutcome(Outcome.SKIPPED, Reason.NOT_DUE)
+    # With the bundled model the compaction server shares the chat server's CPUs: a call started between two
+    # turns would slow the next ones down, so only a quiet thread is refined (the K-folds rule is off).
+    batch_due = status.unrefined_folds >= settings.compaction_refine_after_folds and not settings.bundled_model
+    if status.activity == STREAMING or (status.activity is not None and not batch_due):
+        wait = STREAMING_POLL_SECONDS if status.activity == STREAMING else status.activity_ms / 1000 + 0.5
+        wait = round(min(max(wait, 1.0), settings.compaction_idle_seconds), 3)
+        requests.hold(thread_id, token, waiting_marker_ttl(settings, wait), refine=True)
+        log.info("refinement of %s waits %.1f s: the thread is %s", short, wait, status.activity)
+        return RefineOutcome(Outcome.SKIPPED, Reason.NOT_QUIET, reschedule_in=wait)
+
+    unrefined = state.folded_turns - status.refined_turns
+    try:
+        turns = [t for t in archived_turns(services.store, thread_id, newest=min(unrefined, REFINE_MAX_TURNS))
+                 if t.number > status.refined_turns]
+    except StoreUnavailable:
+        retry_in = retry_countdown(settings, attempt)
+        requests.hold(thread_id, token, retry_marker_ttl(settings, retry_in), refine=True)
+        return RefineOutcome(Outcome.FAILED, Reason.STORE_UNAVAILABLE, retry_in)
+    calls: list[int] = []
+    result: CompactionResult | None = None
+    reason: Reason | str = Strategy.EXTRACTIVE
+    gave_up: Reason | str | None = None
+    if turns:
+        base = replace(state, folded_turns=turns[0].number - 1)
+        plan = refine_plan(state, turns, settings.limits, services.counter, settings.prompt_budget)
+        prepared = Prepared(thread_id, base, plan, domain.hard_cap_messages(settings.limits))
+        _publish(services, thread_id, "started", MESSAGE_STARTED, step=STEP_REFINE)
+        deadline = started + max(settings.compaction_time_limit - TIME_MARGIN_SECONDS, 1.0)
+        try:
+            fallback = _compose(services, prepared, None, require_gain=False)
+            result = produce(services, prepared, deadline=deadline, fallback=fallback, calls=calls)
+            if result is fallback:
+                result = None  # the model added nothing: the record stays as the folds left it
+        except Exception as exc:  # LLMError, a bad answer, a time limit, anything unexpected
+            reason, retryable = _classify(exc)
+            if not isinstance(exc, (LLMError, domain.InvalidCompactionOutput)) and reason != Reason.TIMEOUT:
+                log.exception("refinement of %s: unexpected error", short)
+            if retryable and attempt < settings.compaction_max_retries:
+                retry_in = retry_countdown(settings, attempt)
+                entry = _record(services, thread_id, Outcome.FAILED, reason,
+                                figures(turnsRefined=len(turns), modelCalls=len(calls), promptTokens=sum(calls)))
+                _publish(services, thread_id, "failed", MESSAGE_RETRYING, reason=reason, retrying=True,
+                         step=STEP_REFINE)
+                requests.hold(thread_id, token, retry_marker_ttl(settings, retry_in), refine=True)
+                return RefineOutcome(Outcome.FAILED, reason, retry_in, entry)
+            log.warning("refinement of %s failed (%s); the turns stay as the folds wrote them", short, reason)
+            result, gave_up = None, reason
+    if result is not None:
+        reason = result.strategy
+    try:
+        committed = services.store.apply_refinement(
+            thread_id, expected_gen=state.gen, refined_turns=state.folded_turns,
+            summary=result.summary if result is not None else state.summary,
+            notes=list(result.notes if result is not None else state.notes))
+    except StoreUnavailable:
+        retry_in = retry_countdown(settings, attempt)
+        requests.hold(thread_id, token, retry_marker_ttl(settings, retry_in), refine=True)
+        return RefineOutcome(Outcome.FAILED, Reason.STORE_UNAVAILABLE, retry_in)
+    more = {"turnsRefined": len(turns), "modelCalls": len(calls), "promptTokens": sum(calls)}
+    if result is not None:
+        more.update(summaryChars=len(result.summary), notesCount=len(result.notes), factRetention=result.retention)
+    if committed.outcome == Outcome.APPLIED and gave_up is not None:  # the turns are marked refined, without a gist
+        entry = _record(services, thread_id, Outcome.FAILED, gave_up, figures(**more))
+        _publish(services, thread_id, "failed", MESSAGE_FAILED, reason=gave_up, retrying=False, step=STEP_REFINE)
+        requests.release(thread_id, token, refine=True)
+        return RefineOutcome(Outcome.FAILED, gave_up, None, entry)
+    if committed.outcome == Outcome.APPLIED:
+        entry = _record(services, thread_id, Outcome.APPLIED, reason, figures(**more))
+        _publish(services, thread_id, "succeeded", MESSAGE_SUCCEEDED, turnsRefined=len(turns),
+                 modelCalls=len(calls), step=STEP_REFINE)
+        log.info("refinement of %s applied (%s): %d turns, %d model calls, %d prompt tokens, %d ms",
+                 short, reason, len(turns), len(calls), sum(calls), entry["durationMs"])
+        requests.release(thread_id, token, refine=True)
+        return RefineOutcome(Outcome.APPLIED, reason, None, entry, result)
+    log.info("refinement of %s discarded: stale (%s)", short, committed.detail)
+    entry = _record(services, thread_id, Outcome.STALE, committed.detail, figures(**more))
+    wait = float(settings.compaction_idle_seconds)
+    requests.hold(thread_id, token, waiting_marker_ttl(settings, wait), refine=True)
+    return RefineOutcome(Outcome.STALE, committed.detail, None, entry, result, reschedule_in=wait)
 
 
 # ------------------------------------------------------------------------------------------ helpers

@@ -39,7 +39,8 @@ MAX_TURN_RECORDS = 200
 SHA_CHARS = 16
 PUBLIC_TURN_FIELDS = ("messageId", "status", "at", "promptTokens", "sections", "completionTokens",
                       "completionTokensSource", "budget", "firstTokenMs")
-COMPACTION_FIELDS = ("at", "outcome", "reason", "turnsFolded", "tokensBefore", "tokensAfter", "summaryChars",
+COMPACTION_FIELDS = ("at", "outcome", "reason", "step", "turnsFolded", "turnsRefined", "modelCalls", "promptTokens",
+                     "tokensBefore", "tokensAfter", "summaryChars",
                      "notesCount", "factRetention", "factsChecked", "factsDropped", "factsSkipped", "unreadShare",
                      "durationMs")
 

@@ -26,7 +26,10 @@ class Outcome(StrEnum):
     FAILED = "failed"
     """Nothing was written; retried with backoff when the reason is transient."""
     SKIPPED = "skipped"
-    """No compaction was due, or the fold would free too little."""
+    """No compaction was due (or, for a refinement, the thread was not quiet yet)."""
+    BLOCKED = "blocked"
+    """A fold failed for a reason a retry will not fix; the thread's folds are not asked again for
+    ``COMPACTION_BLOCKED_SECONDS`` (a clear lifts it)."""
 
 
 class Reason(Vocabulary):
@@ -35,6 +38,7 @@ class Reason(Vocabulary):
     # skipped
     NOT_DUE = "not_due"
     NO_GAIN = "no_gain"
+    NOT_QUIET = "not_quiet"
     # stale (``lua/apply_compaction.lua``)
     GENERATION = "generation"
     MESSAGES = "messages"

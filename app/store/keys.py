@@ -6,9 +6,11 @@ or script of the project names keys of two threads, and nothing scans the keyspa
 
 | key | type | holds |
 | --- | --- | --- |
-| ``mem:{hex}`` | hash | ``v``, ``gen``, ``clr`` (times cleared), ``messages`` (JSON), ``summary``, ``pins`` (JSON), ``notes`` (JSON), ``lastCompactedAt``, ``ft`` (person turns folded so far), ``ab`` (archive bytes) |
+| ``mem:{hex}`` | hash | ``v``, ``gen``, ``clr`` (times cleared), ``messages`` (JSON), ``summary``, ``pins`` (JSON), ``notes`` (JSON), ``lastCompactedAt``, ``ft`` (person turns folded so far), ``ab`` (archive bytes), ``rf`` (turns refined by the model so far), ``uf`` (folds since the last refinement) |
 | ``mem:{hex}:archive`` | sorted set, capped | every folded turn, scored by its turn number: ``{"n", "m": [messages]}`` (``app.store.archive``) |
 | ``mem:{hex}:compacting`` | string, NX + EX | the one pending compaction (the version it saw); a short expiry while queued, held while its task runs |
+| ``mem:{hex}:refining`` | string, NX + EX | the one pending refinement (the model's part of a compaction; the token it was asked with) |
+| ``mem:{hex}:active`` | string, EX | ``streaming`` while a turn of the thread streams, then ``idle`` for ``COMPACTION_IDLE_SECONDS`` |
 | ``mem:{hex}:events`` | pub/sub channel | compaction status for open sockets (a shard channel on a cluster: it lives in the thread's slot) |
 | ``mem:{hex}:stats`` | list, capped | per-turn token accounting (numbers only) |
 | ``mem:{hex}:compactions`` | list, capped | compaction history (numbers and outcomes only) |
@@ -68,6 +70,20 @@ class ThreadKeys:
     def compacting(self) -> str:
         """The pending-compaction marker."""
         return f"mem:{self.tag}:compacting"
+
+    @property
+    def refining(self) -> str:
+        """The pending-refinement marker (the model's part of a compaction)."""
+        return f"mem:{self.tag}:refining"
+
+    @property
+    def active(self) -> str:
+        """``streaming`` while a turn streams, then ``idle`` for ``COMPACTION_IDLE_SECONDS`` (never memory)."""
+        return f"mem:{self.tag}:active"
+
+    def markers(self) -> list[str]:
+        """The thread's short-lived markers, deleted by a clear (never given the thread's TTL)."""
+        return [self.compacting, self.refining, self.active]
 
     @property
     def events(self) -> str:

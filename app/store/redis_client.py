@@ -219,6 +219,25 @@ class ClusterClient:
             client.close()
 
 
+def without_retries(client):
+    """A client on a pool of its own that never retries a command (memory-changing scripts: a command
+    whose reply is lost may have run; the store settles it by reading back, never by sending it again).
+
+    A ``redis.Redis`` gets a pool with the same connection settings and ``Retry(NoBackoff(), 0)``; any other
+    client (a ``ClusterClient``, whose retries follow a moved slot) is returned as it is.
+    """
+    pool = getattr(client, "connection_pool", None)
+    if not isinstance(client, redis.Redis) or pool is None or not hasattr(pool, "connection_kwargs"):
+        return client
+    kwargs = {**pool.connection_kwargs, "retry": Retry(NoBackoff(), 0)}
+    kwargs.pop("retry_on_error", None)
+    kwargs.pop("retry_on_timeout", None)
+    extra = {"timeout": pool.timeout} if isinstance(pool, redis.BlockingConnectionPool) else {}
+    clone = type(pool)(connection_class=pool.connection_class, max_connections=pool.max_connections, **extra,
+                       **kwargs)
+    return redis.Redis(connection_pool=clone)
+
+
 def is_cluster(client) -> bool:
     """True for a ``ClusterClient`` (``REDIS_CLUSTER=1``)."""
     return isinstance(client, ClusterClient)

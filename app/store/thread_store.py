@@ -4,6 +4,14 @@ Every write is one atomic script and one round trip, bumps the version and
 refreshes the TTL of every key of the thread.  Redis failures surface as
 ``StoreUnavailable`` (never with Redis's text in what a person sees), so callers
 can degrade: reads give the empty state, commits are logged and skipped.
+
+Memory-changing scripts are never retried blindly: they run on a connection pool
+without retries (``redis_client.without_retries``).  When the reply of a commit or
+of a compaction's compare-and-set is lost after the command was sent (a timeout,
+a closed connection), the outcome is settled by reading the thread back (is the
+commit's assistant message id stored?  did ``gen`` move on with this fold's
+``lastCompactedAt``?) before it is reported; when the read-back fails too, the
+call raises ``StoreUnavailable`` (docs/contract.md: the done frame).
 """
 
 from __future__ import annotations
@@ -20,13 +28,14 @@ import redis
 from marshmallow import ValidationError
 
 from app.memory.cache import bytes_cached
+from app.memory.compaction.policy import hard_cap_messages
 from app.memory.final_turn import FinalTurn, prepare_final_turn
 from app.memory.schemas import MESSAGE_SCHEMA, stored_state_schema
 from app.memory.limits import MemoryLimits
 from app.memory.state import PINNED_BY_PERSON, Pin, ThreadMessage, ThreadState
 from app.store.compaction_outcome import Outcome, Reason, reason_of
 from app.store.keys import HEALTH_PROBE_KEY, ThreadKeys
-from app.store.redis_client import is_cluster, run_script_and_wait
+from app.store.redis_client import is_cluster, run_script_and_wait, without_retries
 
 log = logging.getLogger(__name__)
 LUA_DIR = Path(__file__).with_name("lua")
@@ -49,28 +58,65 @@ class CommitResult:
     """What a commit did.
 
     Attributes:
-        appended: False when the turn was a duplicate (nothing written).
+        appended: False when nothing was written (a duplicate, or a refusal).
         version: the thread's version after the call.
         message_count: messages stored after the call.
         messages: the two messages appended (also set for a duplicate).
-        cleared: True when nothing was written because the thread was cleared after the turn
-            started (the clear counter moved; ``lua/commit_turn.lua``).
+        refused: why nothing was written, or None (a duplicate is no refusal): ``cleared`` (the
+            thread was cleared after the turn started), ``id_conflict`` (the user message id is
+            stored with a different text), ``full`` (the pair would pass the hard cap on stored
+            messages; ``lua/commit_turn.lua``).
+        settled: True when the reply was lost and the outcome was read back.
     """
 
     appended: bool
     version: int
     message_count: int
     messages: tuple[ThreadMessage, ThreadMessage]
-    cleared: bool = False
+    refused: str | None = None
+    settled: bool = False
+
+    @property
+    def cleared(self) -> bool:
+        """True when nothing was written because the thread was cleared after the turn started."""
+        return self.refused == "cleared"
 
 
 @dataclass(frozen=True)
 class CompactionCommit:
-    """Outcome of ``apply_compaction``: ``outcome`` is ``applied`` or ``stale``; ``detail`` says why stale."""
+    """Outcome of ``apply_compaction`` or ``apply_refinement``: ``outcome`` is ``applied`` or ``stale``;
+    ``detail`` says why stale; ``unrefined_folds`` counts the applied folds since the last refinement
+    (``uf``) and ``folded_turns`` the person turns folded so far (``ft``), after an applied fold (0 when not
+    known: a settled reply)."""
 
     outcome: Outcome
     version: int = 0
     detail: Reason | str = ""
+    unrefined_folds: int = 0
+    folded_turns: int = 0
+    settled: bool = False
+
+
+@dataclass(frozen=True)
+class RefineStatus:
+    """What the refinement step reads besides the thread (``ThreadStore.refine_status``).
+
+    Attributes:
+        refined_turns: person turns the model's part covered so far (``rf``).
+        unrefined_folds: applied folds since the last refinement (``uf``).
+        activity: ``streaming`` while a turn of the thread streams, ``idle`` within
+            ``COMPACTION_IDLE_SECONDS`` after a turn, None when quiet.
+        activity_ms: milliseconds the activity key still lives (0 when absent).
+    """
+
+    refined_turns: int = 0
+    unrefined_folds: int = 0
+    activity: str | None = None
+    activity_ms: int = 0
+
+
+class Unsettled(redis.ConnectionError):
+    """The reply of a memory-changing script was lost after it was sent (internal to the store)."""
 
 
 # A counter field (``v``, ``gen``, ``clr``): a non-negative decimal integer, as HINCRBY writes it.
@@ -183,14 +229,27 @@ class ThreadStore:
         self._record = client.register_script((LUA_DIR / "record_compaction.lua").read_text())
         self._hold = client.register_script((LUA_DIR / "hold_marker.lua").read_text())
 
+        self._refine = client.register_script((LUA_DIR / "apply_refinement.lua").read_text())
+
         self._socket = client.register_script((LUA_DIR / "claim_socket.lua").read_text())
+        self.writer = without_retries(client)
+        """The client memory-changing scripts run on: no retry after a command was sent."""
 
     def _write(self, script, keys: list[str], args: list):
-        """Run a memory-writing script; with ``wait_replicas``, also ``WAIT`` on the same connection."""
-        if not self.wait_replicas:
-            return script(keys=keys, args=args)
-        answer, acknowledged = run_script_and_wait(self.redis, script, keys, args, replicas=self.wait_replicas,
-                                                   timeout_ms=self.wait_timeout_ms)
+        """Run a memory-writing script once (never retried); with ``wait_replicas``, also ``WAIT`` on the
+        same connection.
+
+        Raises:
+            Unsettled: the connection closed or timed out after the script may have been sent.
+            redis.RedisError: any other failure.
+        """
+        try:
+            if not self.wait_replicas:
+                return script(keys=keys, args=args, client=self.writer)
+            answer, acknowledged = run_script_and_wait(self.writer, script, keys, args,
+                                                       replicas=self.wait_replicas, timeout_ms=self.wait_timeout_ms)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise Unsettled(f"{type(exc).__name__}: {exc}") from exc
         if acknowledged < self.wait_replicas:
             log.warning("memory write acknowledged by %d of %d replicas within %d ms", acknowledged,
                         self.wait_replicas, self.wait_timeout_ms)
@@ -270,25 +329,49 @@ class ThreadStore:
     @_guard
     def commit_messages(self, thread_id: str, user: ThreadMessage, assistant: ThreadMessage,
                         *, dedupe_by_text: bool, expected_cleared: int | None = None) -> CommitResult:
-        """Append one turn atomically unless it is a duplicate (one Lua call, one round trip).
+        """Append one turn atomically unless it is a duplicate or refused (one Lua call, one round trip).
 
         ``expected_cleared`` is the thread's clear counter (``ThreadState.cleared``) when the turn
         started; when the thread was cleared since, nothing is written and the result says
-        ``cleared``.  None skips that check.
+        ``cleared``.  None skips that check.  A user message id stored with another text is refused
+        (``id_conflict``); a pair that would pass the hard cap on stored messages
+        (``policy.hard_cap_messages``) is refused (``full``).  A lost reply is settled by reading back.
 
         Raises:
-            StoreUnavailable: Redis failed; nothing was written.
+            StoreUnavailable: Redis failed, or the reply was lost and the read-back failed too.
         """
         keys = ThreadKeys(thread_id)
-        answer = self._write(
-            self._commit, keys.ttl_keys(),
-            [_dumps(user.to_dict()), _dumps(assistant.to_dict()), user.id, assistant.id,
-             user.text, assistant.text, "1" if dedupe_by_text else "0", self.ttl,
-             "" if expected_cleared is None else str(expected_cleared)],
-        )
+        try:
+            answer = self._write(
+                self._commit, keys.ttl_keys(),
+                [_dumps(user.to_dict()), _dumps(assistant.to_dict()), user.id, assistant.id,
+                 user.text, assistant.text, "1" if dedupe_by_text else "0", self.ttl,
+                 "" if expected_cleared is None else str(expected_cleared), hard_cap_messages(self.limits)],
+            )
+        except Unsettled as exc:
+            return self._settle_commit(thread_id, user, assistant, exc)
         appended, version, count = answer[:3]
         return CommitResult(bool(appended), int(version), int(count), (user, assistant),
-                            cleared=len(answer) > 3)
+                            refused=str(answer[3]) if len(answer) > 3 else None)
+
+    def _settle_commit(self, thread_id: str, user: ThreadMessage, assistant: ThreadMessage,
+                       lost: Unsettled) -> CommitResult:
+        """A commit whose reply was lost: stored when its assistant message id is in the thread (ids are
+        new for every turn), a duplicate when only the user id is; else nothing was written."""
+        try:
+            raw = self.redis.hmget(ThreadKeys(thread_id).state, "messages", "v")
+            messages = json.loads(raw[0] or "[]")
+            ids = {m.get("id") for m in messages if isinstance(m, dict)}
+        except (redis.RedisError, ValueError, TypeError) as exc:
+            self._report_error("commit_messages")
+            raise StoreUnavailable(f"lost reply not settled: {lost}; {type(exc).__name__}") from exc
+        version = int(raw[1] or 0)
+        if assistant.id in ids or user.id in ids:
+            log.warning("commit on %s settled by reading back: %s", thread_id[:13],
+                        "written" if assistant.id in ids else "a duplicate")
+            return CommitResult(assistant.id in ids, version, len(messages), (user, assistant), settled=True)
+        self._report_error("commit_messages")
+        raise StoreUnavailable(f"lost reply settled by reading back: not written ({lost})")
 
     def commit_final_turn(self, thread_id: str, turn: FinalTurn, *, expected_cleared: int | None = None) -> CommitResult:
         """Write a finished turn through the final-turn adapter.
@@ -318,7 +401,7 @@ class ThreadStore:
             StoreUnavailable: Redis failed or refused the write; nothing was changed.
         """
         keys = ThreadKeys(thread_id)
-        version, repaired = self._write(self._clear, keys.ttl_keys(), [self.ttl])
+        version, repaired = self._write(self._clear, keys.ttl_keys() + keys.markers(), [self.ttl])
         if repaired:
             log.warning("clear repaired the corrupt thread %s", thread_id[:13])
         return int(version)
@@ -337,14 +420,69 @@ class ThreadStore:
         the oldest messages in order; otherwise ``stale`` and nothing is written.
         """
         keys = ThreadKeys(thread_id)
-        result = self._write(
-            self._apply, keys.ttl_keys(),
-            [str(expected_gen), _dumps(list(folded_ids)), summary, _dumps(list(notes)), compacted_at, self.ttl,
-             self.limits.archive_max_turns, self.limits.archive_max_bytes],
-        )
+        try:
+            result = self._write(
+                self._apply, keys.ttl_keys(),
+                [str(expected_gen), _dumps(list(folded_ids)), summary, _dumps(list(notes)), compacted_at, self.ttl,
+                 self.limits.archive_max_turns, self.limits.archive_max_bytes],
+            )
+        except Unsettled as exc:
+            return self._settle_cas(thread_id, expected_gen, "lastCompactedAt", compacted_at, exc)
+        if result[0] == Outcome.APPLIED:
+            return CompactionCommit(Outcome.APPLIED, int(result[1]), unrefined_folds=int(result[5]),
+                                    folded_turns=int(result[6]))
+        return CompactionCommit(Outcome.STALE, detail=reason_of(str(result[1])))
+
+    @_guard
+    def apply_refinement(self, thread_id: str, *, expected_gen: int, refined_turns: int, summary: str,
+                         notes: list[str]) -> CompactionCommit:
+        """Compare-and-set the model's part of a compaction (``lua/apply_refinement.lua``): summary, notes and
+        ``rf`` = ``refined_turns`` when the generation is still ``expected_gen``; else ``stale``.
+
+        Raises:
+            StoreUnavailable: Redis failed, or the reply was lost and the read-back failed too.
+        """
+        keys = ThreadKeys(thread_id)
+        try:
+            result = self._write(self._refine, keys.ttl_keys(),
+                                 [str(expected_gen), int(refined_turns), summary, _dumps(list(notes)), self.ttl])
+        except Unsettled as exc:
+            return self._settle_cas(thread_id, expected_gen, "summary", summary, exc)
         if result[0] == Outcome.APPLIED:
             return CompactionCommit(Outcome.APPLIED, int(result[1]))
         return CompactionCommit(Outcome.STALE, detail=reason_of(str(result[1])))
+
+    def _settle_cas(self, thread_id: str, expected_gen: int, field_name: str, written: str,
+                    lost: Unsettled) -> CompactionCommit:
+        """A compare-and-set whose reply was lost: applied when ``gen`` moved on by one and ``field_name`` holds
+        what it wrote; stale (``generation``) otherwise."""
+        try:
+            gen, value, version = self.redis.hmget(ThreadKeys(thread_id).state, "gen", field_name, "v")
+        except redis.RedisError as exc:
+            self._report_error("apply_compaction")
+            raise StoreUnavailable(f"lost reply not settled: {lost}; {type(exc).__name__}") from exc
+        applied = str(gen or "0") == str(expected_gen + 1) and value == written
+        log.warning("compare-and-set on %s settled by reading back: %s", thread_id[:13],
+                    "applied" if applied else "not applied")
+        if applied:
+            return CompactionCommit(Outcome.APPLIED, int(version or 0), settled=True)
+        return CompactionCommit(Outcome.STALE, detail=Reason.GENERATION, settled=True)
+
+    @_guard
+    def refine_status(self, thread_id: str) -> RefineStatus:
+        """``rf``, ``uf`` and the thread's activity key with its remaining life, in one round trip."""
+        keys = ThreadKeys(thread_id)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hmget(keys.state, "rf", "uf")
+        pipe.get(keys.active)
+        pipe.pttl(keys.active)
+        (refined, unrefined), activity, left = pipe.execute()
+        return RefineStatus(int(refined or 0), int(unrefined or 0), activity, max(int(left or 0), 0))
+
+    @_guard
+    def mark_activity(self, thread_id: str, activity: str, seconds: float) -> None:
+        """Set the thread's activity key (``streaming`` or ``idle``) for ``seconds``."""
+        self.redis.set(ThreadKeys(thread_id).active, activity, px=max(int(seconds * 1000), 1))
 
     @_guard
     def set_pins(self, thread_id: str, *, expected_gen: int, pins: list[Pin]) -> bool:
@@ -370,14 +508,31 @@ class ThreadStore:
     # -- compaction marker ---------------------------------------------------------------------
 
     @_guard
-    def mark_compaction_pending(self, thread_id: str, version: int, ttl_seconds: int) -> bool:
-        """Set the one-pending-compaction marker (SET NX EX); False when one is already pending."""
-        return bool(self.redis.set(ThreadKeys(thread_id).compacting, str(version), nx=True, ex=ttl_seconds))
+    def mark_compaction_pending(self, thread_id: str, version: int, ttl_seconds: int, *,
+                                refine: bool = False) -> bool:
+        """Set the one-pending marker (SET NX EX) of the fold, or with ``refine`` of the refinement; False when
+        one is already pending (or the thread's folds are blocked: ``block_compactions``)."""
+        keys = ThreadKeys(thread_id)
+        return bool(self.redis.set(keys.refining if refine else keys.compacting, str(version), nx=True,
+                                   ex=ttl_seconds))
 
     @_guard
-    def release_compaction_marker(self, thread_id: str, version: int) -> bool:
-        """Remove the pending-compaction marker if it still holds ``version`` (``lua/release_marker.lua``)."""
-        return bool(self._release(keys=[ThreadKeys(thread_id).compacting], args=[str(version)]))
+    def release_compaction_marker(self, thread_id: str, version: int, *, refine: bool = False) -> bool:
+        """Remove the pending marker if it still holds ``version`` (``lua/release_marker.lua``)."""
+        keys = ThreadKeys(thread_id)
+        return bool(self._release(keys=[keys.refining if refine else keys.compacting], args=[str(version)]))
+
+    @_guard
+    def block_compactions(self, thread_id: str, reason: str, seconds: int) -> None:
+        """Mark the thread's folds as failing for a reason a retry will not fix: the marker holds
+        ``blocked:<reason>`` for ``seconds`` (a clear removes it), so turns do not ask again meanwhile."""
+        self.redis.set(ThreadKeys(thread_id).compacting, f"blocked:{reason}", ex=int(seconds))
+
+    @_guard
+    def compactions_blocked(self, thread_id: str) -> str | None:
+        """The reason the thread's folds are blocked (``block_compactions``), or None."""
+        value = self.redis.get(ThreadKeys(thread_id).compacting)
+        return value[8:] if isinstance(value, str) and value.startswith("blocked:") else None
 
     # -- compaction history and events ---------------------------------------------------------
 
@@ -410,7 +565,7 @@ class ThreadStore:
         return bool(self.redis.ping())
 
     @_guard
-    def hold_compaction_marker(self, thread_id: str, version: int, ttl_seconds: int) -> bool:
+    def hold_compaction_marker(self, thread_id: str, version: int, ttl_seconds: int, *, refine: bool = False) -> bool:
         """Give the pending-compaction marker a new expiry (seconds) for the task of ``version``.
 
         Sets it when it holds ``version`` or is gone; a marker of another version is left alone
@@ -419,7 +574,9 @@ class ThreadStore:
         Raises:
             StoreUnavailable: Redis failed.
         """
-        return bool(self._hold(keys=[ThreadKeys(thread_id).compacting], args=[str(version), int(ttl_seconds)]))
+        keys = ThreadKeys(thread_id)
+        return bool(self._hold(keys=[keys.refining if refine else keys.compacting],
+                               args=[str(version), int(ttl_seconds)]))
 
     def probe_write(self) -> bool:
         """True when Redis takes a write: ``SET health:{probe} <ms> EX 60`` (one small key, overwritten).

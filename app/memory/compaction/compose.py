@@ -180,7 +180,7 @@ def messages_cost(messages: Iterable[ThreadMessage], counter: TokenCounter) -> i
 
 def compose(state: ThreadState, plan: CompactionPlan, answer: CompactionAnswer | None, *, limits,
             counter: TokenCounter, prompt_budget: int, force: bool = False,
-            preceding_answer: str = "") -> CompactionResult:
+            preceding_answer: str = "", require_gain: bool = True) -> CompactionResult:
     """Build what a compaction writes (see the module docstring).
 
     Args:
@@ -193,6 +193,9 @@ def compose(state: ThreadState, plan: CompactionPlan, answer: CompactionAnswer |
         force: at the hard cap: satisfy the gain rule by the fitting policy instead of refusing.
         preceding_answer: the assistant's text of the turn folded just before these (what a first folded
             turn that accepts an answer points at; "" when not known).
+        require_gain: False for the worker's fold (README: A compaction): no gain rule, the turns are
+            folded even when that frees little (the archive keeps every word); the record still fits
+            its own character and token limits.
 
     Raises:
         InvalidCompactionOutput: ``ungrounded`` (the gist names facts found nowhere) or
@@ -247,7 +250,7 @@ def compose(state: ThreadState, plan: CompactionPlan, answer: CompactionAnswer |
     before_memory = memory_cost(state.summary, state.notes, pins, counter)
     allowed = before_memory + folded_cost - GAIN_SHARE * folded_cost
     after_memory = memory_cost(fitted.render(), merged.notes, pins, counter)
-    if after_memory > allowed:
+    if require_gain and after_memory > allowed:
         if answer is not None:
             raise InvalidCompactionOutput(AnswerProblem.GROWTH, [
                 f"memory would cost {after_memory} tokens, more than the {int(allowed)} allowed: write a much "

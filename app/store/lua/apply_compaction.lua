@@ -11,7 +11,9 @@
 -- {"n": turn number, "m": [messages]}, scored by its number: the numbers go on from `ft` (person
 -- turns folded before), which moves on by the folded person turns.  The archive keeps at most the
 -- newest max-turns turns and max-bytes bytes (`ab`), oldest out; the newest turn always stays.
--- Returns {'applied', version, kept count, archived turns, archive size} or {'stale', reason}.
+-- Each applied fold counts one more fold without the model's refinement (`uf`, reset by apply_refinement.lua).
+-- Returns {'applied', version, kept count, archived turns, archive size, folds since the last refinement,
+-- person turns folded so far} or {'stale', reason}.
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'stale', 'missing'} end
 local gen = redis.call('HGET', KEYS[1], 'gen') or '0'
 if gen ~= ARGV[1] then return {'stale', 'generation'} end
@@ -68,7 +70,8 @@ end
 redis.call('HSET', KEYS[1], 'messages', '[' .. table.concat(kept, ',') .. ']',
   'summary', ARGV[3], 'notes', ARGV[4], 'lastCompactedAt', ARGV[5], 'ft', number, 'ab', bytes)
 redis.call('HINCRBY', KEYS[1], 'gen', 1)
+local unrefined = redis.call('HINCRBY', KEYS[1], 'uf', 1)
 local version = redis.call('HINCRBY', KEYS[1], 'v', 1)
 local ttl = tonumber(ARGV[6])
 for i = 1, #KEYS do redis.call('EXPIRE', KEYS[i], ttl) end
-return {'applied', version, #kept, added, count}
+return {'applied', version, #kept, added, count, unrefined, number}
