@@ -33,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import http.client
 import json
+import sys
 import os
 import re
 import shutil
@@ -277,6 +278,17 @@ def make_proxy(cache: SlotCache, host: str, port: int) -> ThreadingHTTPServer:
                 ok = self._forward("POST", body)
                 cache.finish(key, ok)
 
-    server = ThreadingHTTPServer((host, port), Handler)
+    server = _QuietServer((host, port), Handler)
     server.daemon_threads = True
     return server
+
+
+class _QuietServer(ThreadingHTTPServer):
+    """A client that goes away mid-request (a cancelled turn, a reset connection) is normal here: one line on
+    stderr for anything else, never a traceback per request."""
+
+    def handle_error(self, request, client_address):
+        kind = sys.exc_info()[0]
+        if kind is not None and issubclass(kind, (ConnectionError, TimeoutError)):
+            return
+        print(f"slot cache proxy: request failed ({kind.__name__ if kind else 'unknown'})", file=sys.stderr)

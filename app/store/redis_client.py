@@ -226,8 +226,10 @@ def without_retries(client):
     A ``redis.Redis`` gets a pool with the same connection settings and ``Retry(NoBackoff(), 0)``; any other
     client (a ``ClusterClient``, whose retries follow a moved slot) is returned as it is.
     """
+    if not isinstance(client, redis.Redis):  # checked first: reading attributes of a ClusterClient connects it
+        return client
     pool = getattr(client, "connection_pool", None)
-    if not isinstance(client, redis.Redis) or pool is None or not hasattr(pool, "connection_kwargs"):
+    if pool is None or not hasattr(pool, "connection_kwargs"):
         return client
     kwargs = {**pool.connection_kwargs, "retry": Retry(NoBackoff(), 0)}
     kwargs.pop("retry_on_error", None)
