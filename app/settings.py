@@ -49,6 +49,11 @@ LIMIT_VARIABLES = {
     "recall_share": "MEMORY_RECALL_SHARE",
 }
 
+BUNDLED_RECALL_MAX_TOKENS = 160
+"""Recall's cap with the bundled model (``MEMORY_RECALL_MAX_TOKENS=auto``): on this project's 2-core machine the
+chat server reads about 140 prompt tokens a second, so 160 recalled tokens add about a second before the first
+token (README: The bundled model)."""
+
 DEFAULT_SYSTEM_PROMPT = (
     "You are a helpful assistant. Answer in the language the person writes in. "
     "Earlier parts of the conversation may be given to you as a record between <record> and </record>: "
@@ -318,6 +323,13 @@ class Settings(BaseSettings):
     # After a compaction, prefill the chat server's prompt cache with the thread's new prompt prefix
     # (README: The bundled model): auto = on with the bundled model, off with a remote provider.
     prompt_warmup: Literal["auto", "on", "off"] = Field("auto", validation_alias="PROMPT_WARMUP")
+    # When archived turns are recalled into a turn's prompt (README: Recall): every message ("always"), or only a
+    # message that asks or requests something ("asks"); auto = asks with the bundled model (each recalled token
+    # is read by the CPU before the first token), always with a remote provider.
+    recall_when: Literal["auto", "always", "asks"] = Field("auto", validation_alias="MEMORY_RECALL_WHEN")
+    # Most prompt tokens the recalled excerpts may take, beside MEMORY_RECALL_SHARE (None: auto = 160 with the
+    # bundled model, no cap beyond the share otherwise; 0: no cap).
+    recall_max_tokens: int | None = Field(None, validation_alias="MEMORY_RECALL_MAX_TOKENS", ge=0)
     metrics_token: str | None = Field(None, validation_alias="METRICS_TOKEN", repr=False)
     # Offer the built-in tools to the chat model; a provider that rejects tools gets plain chat whatever this says.
     tools_enabled: bool = Field(True, validation_alias="TOOLS_ENABLED")
@@ -327,7 +339,7 @@ class Settings(BaseSettings):
         """Keyword arguments only: the environment is read by ``from_env`` and nowhere else."""
         return (init_settings,)
 
-    @field_validator("env", "compaction_strategy", "prompt_warmup", mode="before")
+    @field_validator("env", "compaction_strategy", "prompt_warmup", "recall_when", mode="before")
     @classmethod
     def _lowercase(cls, value: Any) -> Any:
         return value.lower() if isinstance(value, str) else value
@@ -474,6 +486,23 @@ class Settings(BaseSettings):
         """True when a compaction's new prompt prefix is sent to the chat server ahead of the next turn
         (``PROMPT_WARMUP``: ``on``, or ``auto`` with the bundled model)."""
         return self.prompt_warmup == "on" or (self.prompt_warmup == "auto" and self.bundled_model)
+
+    @property
+    def recall_asks_only(self) -> bool:
+        """True when only a message that asks or requests something recalls archived turns
+        (``MEMORY_RECALL_WHEN``: ``asks``, or ``auto`` with the bundled model)."""
+        return self.recall_when == "asks" or (self.recall_when == "auto" and self.bundled_model)
+
+    @property
+    def recall_share_cap(self) -> float:
+        """``MEMORY_RECALL_SHARE`` limited by ``MEMORY_RECALL_MAX_TOKENS`` (auto: 160 tokens with the bundled
+        model), as a share of ``prompt_budget``; 0.0 means no recall."""
+        share = self.limits.recall_share
+        cap = self.recall_max_tokens if self.recall_max_tokens is not None else (
+            BUNDLED_RECALL_MAX_TOKENS if self.bundled_model else 0)
+        if cap and share > 0:
+            share = min(share, cap / max(1, self.prompt_budget))
+        return share
 
     @property
     def prompt_budget(self) -> int:

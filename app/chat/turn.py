@@ -33,6 +33,8 @@ from app.extensions import Services
 from app.compaction.service import fold_at_cap
 from app.llm.client import CancelEvent, StreamStats
 from app.llm.provider import LLMError
+from app.memory.compaction import forms
+from app.memory.compaction.record import sentences
 from app.memory.context import AssembledContext, ContextTooLong, assemble_context
 from app.memory.final_turn import FinalTurn, TurnRejected
 from app.memory.state import ThreadState, new_message_id
@@ -44,6 +46,12 @@ from app.store.archive import set_cache_bytes as set_archive_cache_bytes
 from app.store.thread_store import StoreUnavailable
 
 log = logging.getLogger(__name__)
+
+
+def asks_something(text: str) -> bool:
+    """True when one of ``text``'s sentences asks or requests something (``forms.sentence_form``: question or
+    request), English or Chinese.  Linear in ``text`` (``record.sentences`` splits in bounded windows)."""
+    return any(forms.sentence_form(s) in (forms.QUESTION, forms.REQUEST) for s in sentences(text))
 
 STREAMING, COMMITTING, FINISHED = "streaming", "committing", "finished"
 T = TypeVar("T")
@@ -194,6 +202,16 @@ class Turn(TurnIO):
             log.warning("turn on %s uses empty memory: %s", self.thread_id[:13], type(exc).__name__)
             return ThreadState()
 
+    def recall_share(self) -> float:
+        """The share of the prompt budget this turn's recalled excerpts may use (``Settings.recall_share_cap``):
+        0.0 when recall is only for messages that ask (``Settings.recall_asks_only``) and this one does not
+        ask or request anything (``app.memory.compaction.forms``).  CPU work: call it off the event loop."""
+        settings = self.services.settings
+        share = settings.recall_share_cap
+        if share > 0 and settings.recall_asks_only and not asks_something(self.text):
+            return 0.0
+        return share
+
     def prepare(self) -> AssembledContext:
         """Load memory and assemble the prompt.
 
@@ -211,7 +229,7 @@ class Turn(TurnIO):
             context = off_the_event_loop(lambda: assemble_context(
                 self.state, self.text, system_prompt=settings.system_prompt, counter=self.services.counter,
                 context_tokens=settings.model_context_tokens, reserved_output_tokens=settings.reserved_output_tokens,
-                archive=self.archive, recall_share=settings.limits.recall_share))
+                archive=self.archive, recall_share=self.recall_share()))
         except ContextTooLong:
             self.services.counter.forget(self.text)  # a refused input is never cached
             raise
