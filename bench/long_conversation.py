@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -69,6 +70,7 @@ class Run:
     compaction_calls: int = 0
     compaction_prompt_tokens: int = 0
     chat_prompt_read: list[int] = field(default_factory=list)
+    warmup_read: list[int] = field(default_factory=list)  # chat-server requests between turns (prompt warm-ups)
 
     def latencies(self) -> list[float]:
         return [t.latency for t in self.turns]
@@ -100,8 +102,10 @@ def conversation(system: System, texts: list[str], pauses: list[float], timeout:
     run = Run("conversation")
     client = ChatClient(_server(system)).connect(timeout=30)
     try:
+        paused_from = len(task_stats(system.log("model-chat")))
         for i, text in enumerate(texts):
             tasks_before = len(task_stats(system.log("model-chat")))
+            run.warmup_read += [t.evaluated for t in task_stats(system.log("model-chat"))[paused_from:tasks_before]]
             run.turns.append(_turn(client, text, timeout))
             run.chat_prompt_read += [t.evaluated for t in task_stats(system.log("model-chat"))[tasks_before:]]
             run.stored_max = max(run.stored_max, len(client.thread().get("messages") or []))
@@ -118,6 +122,7 @@ def conversation(system: System, texts: list[str], pauses: list[float], timeout:
                 floor_note = f", floor {floor_run.turns[-1].latency:.2f} s"
             print(f"  turn {i + 1}/{len(texts)}: first token {run.turns[-1].latency:.2f} s{floor_note}, "
                   f"{run.turns[-1].status}, stored max {run.stored_max}", flush=True)
+            paused_from = len(task_stats(system.log("model-chat")))
             time.sleep(max(pauses[i] - (time.monotonic() - ended), 0.0))
     finally:
         client.close()
@@ -167,6 +172,8 @@ def row(label: str, run: Run, floor_run: Run) -> list[str]:
         f"  most messages stored {run.stored_max} (bound 8 once a due fold applied)",
         f"  chat server prompt tokens read per turn p50 {pct(run.chat_prompt_read, .5):.0f} "
         f"p95 {pct(run.chat_prompt_read, .95):.0f} (floor p50 {pct(floor_run.chat_prompt_read, .5):.0f})",
+        f"  between turns (prompt warm-ups): {len(run.warmup_read)} requests, prompt tokens read p50 "
+        f"{pct(run.warmup_read, .5):.0f} p95 {pct(run.warmup_read, .95):.0f}",
         f"  unsaved or failed turns: {sum(1 for t in run.turns if t.status != 'completed')}",
     ]
 
@@ -185,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interleave", action="store_true",
                         help="send each floor turn right after the conversation's (same load; evicts its cache)")
     parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--keep-logs", type=Path, default=None, help="copy the processes' logs to this folder")
     args = parser.parse_args(argv)
 
     records = _read_json(args.data / LOCOMO_FILE)
@@ -212,6 +220,10 @@ def main(argv: list[str] | None = None) -> int:
                 runs.append((str(record.get("sample_id")), run, base))
         finally:
             system.stop()
+            if args.keep_logs is not None:
+                args.keep_logs.mkdir(parents=True, exist_ok=True)
+                for log in Path(tmp).glob("*.log"):
+                    shutil.copy(log, args.keep_logs / log.name)
             if store is not None:
                 store.stop()
     lines = []
@@ -225,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
             total.compaction_prompt_tokens += run.compaction_prompt_tokens
             total.stored_max = max(total.stored_max, run.stored_max)
             total.chat_prompt_read += run.chat_prompt_read
+            total.warmup_read += run.warmup_read
             total_floor.turns += base.turns
             total_floor.chat_prompt_read += base.chat_prompt_read
         lines += row("all conversations", total, total_floor)
