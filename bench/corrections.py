@@ -39,7 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from app.memory.compaction.record import Record, RecordLine  # noqa: E402
+from app.memory.record import FOOTER, HEADER, Record, RecordLine  # noqa: E402
 from app.memory.context import RECORD_FOOTER, RECORD_HEADER, format_summary  # noqa: E402
 from app.settings import Settings  # noqa: E402
 from scripts import local_model  # noqa: E402
@@ -107,26 +107,25 @@ CASES = [
 ]
 
 
-def summary_of(case: Case) -> str:
-    """The stored summary a compaction writes for the case's five turns (the replaced line marked)."""
+def summary_of(case: Case) -> Record:
+    """The record a compaction writes for the case's five turns (the replaced line marked)."""
     first, second, third = FILLER[case.lang]
     lines = (RecordLine("person", first, 1), RecordLine("person", case.before, 2, replaced_by=5),
              RecordLine("person", second, 3), RecordLine("person", third, 4), RecordLine("person", case.after, 5))
-    return Record(1, 5, lines).render()
+    return Record(1, 5, lines)
 
 
-def legacy_record_message(summary: str) -> str:
-    """The record message as rendered before: the stored summary as it is, between the record's delimiters."""
-    return RECORD_HEADER + summary + RECORD_FOOTER
+def legacy_record_message(record: Record) -> str:
+    """The record message as rendered before: the whole record as text, between the record's delimiters."""
+    return RECORD_HEADER + record.render() + RECORD_FOOTER
 
 
-def heading_record_message(summary: str) -> str:
+def heading_record_message(record: Record) -> str:
     """The current lines, then the replaced ones under their own heading, then the turn range."""
-    lines = summary.split("\n")
-    current = [line for line in lines[:-1] if "[replaced by turn" not in line]
-    replaced = [line for line in lines if "[replaced by turn" in line]
+    current = [HEADER, *(line.render() for line in record.lines if not line.replaced_by)]
+    replaced = [line.render() for line in record.lines if line.replaced_by]
     body = current + ["Earlier values, replaced by a later turn (not current; the line that replaced each is "
-                      "above):"] + replaced + lines[-1:]
+                      "above):"] + replaced + [FOOTER.format(first=record.first_turn, last=record.last_turn)]
     return RECORD_HEADER + "\n".join(body) + RECORD_FOOTER
 
 

@@ -60,7 +60,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
+from app.memory.compaction.policy import hard_cap_messages  # noqa: E402
 from app.memory.context import ContextTooLong, assemble_context  # noqa: E402
+from app.memory.record import PERSON, Record, RecordLine  # noqa: E402
 from app.memory.state import Pin, ThreadMessage, new_message_id, utc_now_iso  # noqa: E402
 from app.memory.tokens import TokenCounter  # noqa: E402
 from app.settings import MemoryLimits, Settings  # noqa: E402
@@ -149,6 +151,20 @@ class TextSource:
 
 # -- the full state ------------------------------------------------------------------------------------------
 
+def full_record(source: TextSource, max_chars: int) -> Record:
+    """A record of person lines of about 200 characters, one per turn, rendered exactly ``max_chars`` long."""
+    lines: list[RecordLine] = []
+    while True:
+        line = RecordLine(PERSON, source.chars(200), len(lines) + 1)
+        if len(Record(1, line.turn, (*lines, line)).render()) > max_chars:
+            break
+        lines.append(line)
+    last = lines[-1]
+    room = max_chars - len(Record(1, last.turn, tuple(lines)).render())
+    lines[-1] = RecordLine(PERSON, source.chars(len(last.text) + room), last.turn)
+    return Record(1, last.turn, tuple(lines))
+
+
 def build_full_state(store: ThreadStore, thread_id: str, source: TextSource) -> dict:
     """Write the full state with the store's own scripts; return its figures."""
     def msg(role: str, text: str) -> ThreadMessage:
@@ -163,7 +179,7 @@ def build_full_state(store: ThreadStore, thread_id: str, source: TextSource) -> 
     assert store.set_pins(thread_id, expected_gen=0, pins=[Pin(source.chars(300), "person") for _ in range(20)])
     notes = [source.chars(store.limits.note_max_chars) for _ in range(store.limits.notes_max)]
     result = store.apply_compaction(thread_id, expected_gen=1, folded_ids=[m.id for m in folded],
-                                    summary=source.chars(2500), notes=notes, compacted_at=utc_now_iso())
+                                    record=full_record(source, 2500), notes=notes, compacted_at=utc_now_iso())
     assert result.outcome == "applied", result
     state = store.load(thread_id)
     assert len(state.messages) == 8 and len(state.pins) == 20 and len(state.summary) == 2500
@@ -292,9 +308,10 @@ def run_recall(client, *, data_dir: Path, iterations: int, warmup: int) -> dict:
     utterances = english_utterances(path)
     questions = [q["question"] for conv in json.loads(path.read_text()) for q in conv["qa"]]
     turn_no = 0
-    while turn_no < ARCHIVE_TURNS:  # commit 50 turns, fold them with apply_compaction.lua, again
+    per_fold = hard_cap_messages(limits) // 2 - 1  # a commit past the hard cap on stored messages is refused
+    while turn_no < ARCHIVE_TURNS:  # commit a batch of turns, fold them with apply_compaction.lua, again
         batch = []
-        for _ in range(50):
+        for _ in range(min(per_fold, ARCHIVE_TURNS - turn_no)):
             now = utc_now_iso()
             user = ThreadMessage(new_message_id(), "user", utterances[(2 * turn_no) % len(utterances)], now)
             answer = ThreadMessage(new_message_id(), "assistant", utterances[(2 * turn_no + 1) % len(utterances)], now)
@@ -302,7 +319,7 @@ def run_recall(client, *, data_dir: Path, iterations: int, warmup: int) -> dict:
             batch += [user.id, answer.id]
             turn_no += 1
         gen = store.load(thread_id).gen
-        assert store.apply_compaction(thread_id, expected_gen=gen, folded_ids=batch, summary="", notes=[],
+        assert store.apply_compaction(thread_id, expected_gen=gen, folded_ids=batch, record=Record(), notes=[],
                                       compacted_at=utc_now_iso()).outcome == "applied"
     for i in range(4):  # the recent turns
         now = utc_now_iso()

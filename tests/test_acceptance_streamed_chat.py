@@ -15,6 +15,7 @@ from app.memory.context import PINS_HEADER, SUMMARY_HEADER, format_summary
 from app.settings import Settings
 from tests.fake_llm import Reply, words
 from tests.fixtures.live_app import ChatClient, answer_text
+from tests.fixtures.memory_data import text_record
 from tests.fixtures.streamed_chat import seed_memory
 
 
@@ -44,7 +45,7 @@ def test_p17_model_receives_server_memory_not_the_browsers_history(chat, fake_ll
 
     expected = [
         {"role": "system", "content": app_settings.system_prompt},
-        {"role": "system", "content": format_summary("The person is Ana; she likes jazz.")},
+        {"role": "system", "content": format_summary(text_record("The person is Ana; she likes jazz."))},
         {"role": "system", "content": PINS_HEADER + "1. Answer in English"},
     ]
     for user, assistant in seeded.recent:

@@ -16,7 +16,7 @@ from app.store.keys import ThreadKeys
 from app.store.redis_client import make_redis
 from app.store.thread_store import ThreadStore
 from app.settings import MemoryLimits
-from tests.fixtures.memory_data import CREATED, new_thread_id, turn
+from tests.fixtures.memory_data import CREATED, new_thread_id, turn, text_record
 
 
 @pytest.fixture
@@ -32,7 +32,7 @@ def commit(store, tid, first, last, text=None):
 
 def fold(store, tid, ids, summary="s"):
     gen = store.load(tid).gen
-    result = store.apply_compaction(tid, expected_gen=gen, folded_ids=ids, summary=summary, notes=[],
+    result = store.apply_compaction(tid, expected_gen=gen, folded_ids=ids, record=text_record(summary), notes=[],
                                     compacted_at=CREATED)
     assert result.outcome == "applied"
 
@@ -188,7 +188,7 @@ def test_hydration_returns_the_archived_turns_before_the_messages(settings, stor
                                                      assistant_id=f"m{i}"))
     assert "archived" not in web.get("/api/chat/thread").get_json()
     gen = store.load(thread_id).gen
-    store.apply_compaction(thread_id, expected_gen=gen, folded_ids=["u1", "m1", "u2", "m2"], summary="s",
+    store.apply_compaction(thread_id, expected_gen=gen, folded_ids=["u1", "m1", "u2", "m2"], record=text_record("s"),
                            notes=[], compacted_at=CREATED)
     body = web.get("/api/chat/thread").get_json()
     assert [(m["id"], m["text"]) for m in body["archived"]] == [("u1", "question 1"), ("m1", "answer 1"),
@@ -209,7 +209,8 @@ def test_a_turn_over_the_socket_recalls_a_folded_turn_into_the_prompt(chat, fake
     store.commit_final_turn(thread_id, FinalTurn("stored question 8", "stored answer 8"))
     state = store.load(thread_id)  # fold turns 3-7: the allergy is in the archive only
     assert store.apply_compaction(thread_id, expected_gen=state.gen, folded_ids=[m.id for m in state.messages[:-2]],
-                                  summary="They talked.", notes=[], compacted_at=CREATED).outcome == "applied"
+                                  record=text_record("They talked."), notes=[],
+                                  compacted_at=CREATED).outcome == "applied"
     fake_llm.default = Reply(text="Ana is allergic to peanuts.")
     frames = chat.turn("Who is allergic to peanuts?")
     assert frames[-1]["status"] == "completed"

@@ -14,8 +14,8 @@ from hypothesis import given, settings as hsettings, strategies as st
 from app.memory import compaction as c
 from app.memory.compaction.notes import merge_notes, note_problem
 from app.memory.compaction.record import (ABOUT, ASSISTANT, LINE_MAX_CHARS, PERSON, TEXT, Record, RecordLine,
-                                          fit_record, HEADER, condense, parse_record, statement_lines,
-                                          statement_sentences)
+                                          fit_record, HEADER, condense, statement_lines, statement_sentences)
+from app.memory.migration import read_record
 from app.memory.state import Pin, ThreadMessage, ThreadState
 from app.memory.tokens import counter_for
 from app.settings import MemoryLimits
@@ -41,7 +41,8 @@ def thread(turns: int, *, summary: str = "", pins=(), notes=(), texts=None, gen:
     for n in range(1, turns + 1):
         user, answer = texts(n) if texts else (f"What about question number {n}?", f"answer number {n}")
         messages += [message(f"u{n}", "user", user), message(f"a{n}", "assistant", answer)]
-    return ThreadState(tuple(messages), summary, tuple(pins), None, version, gen, tuple(notes), folded_turns=folded)
+    return ThreadState(tuple(messages), read_record(summary), tuple(pins), None, version, gen, tuple(notes),
+                       folded_turns=folded)
 
 
 def plan_of(state, limits=LIMITS, budget=BUDGET):
@@ -209,17 +210,17 @@ def test_the_answer_schema_sent_bounds_the_output():
 # ------------------------------------------------------------------------------------------ record
 
 
-def test_a_record_renders_and_parses_back():
+def test_a_record_renders_and_reads_back():
     record = Record(1, 8, (RecordLine(ABOUT, "Introductions."), RecordLine(PERSON, "I am Lin Wei."),
                            RecordLine(ASSISTANT, "Redis listens on 6379.")))
     text = record.render()
     assert text == ("Statements kept from earlier turns:\n- About: Introductions.\n- Person: I am Lin Wei.\n"
                     "- Assistant: Redis listens on 6379.\n(turns 1–8 of this conversation)")
-    assert parse_record(text) == record
+    assert read_record(record.to_stored()) == read_record(text) == record
 
 
-def test_a_free_text_summary_of_earlier_versions_parses_into_sentences():
-    record = parse_record("They met Marta. She works in Oslo.\nKey facts: INC-1.")
+def test_a_free_text_summary_of_earlier_versions_reads_as_sentences():
+    record = read_record("They met Marta. She works in Oslo.\nKey facts: INC-1.")
     assert [(line.kind, line.text) for line in record.lines] == [
         (TEXT, "They met Marta."), (TEXT, "She works in Oslo."), (TEXT, "Key facts: INC-1.")]
 
@@ -520,7 +521,7 @@ def test_a_fold_that_would_free_too_little_is_not_written_unless_at_the_hard_cap
         compose(state)
     forced = compose(state, force=True)
     folded_cost = c.messages_cost(plan_of(state).folded, COUNTER)
-    assert c.memory_cost(forced.summary, forced.notes, [], COUNTER) <= 0.75 * folded_cost
+    assert c.memory_cost(forced.record, forced.notes, [], COUNTER) <= 0.75 * folded_cost
     assert forced.facts_dropped > 0  # let go by the policy, counted
 
 
@@ -543,7 +544,7 @@ def test_repeated_folds_append_never_rewrite_and_stay_within_both_limits():
             user, answer = planted(n)
             user = user.replace("4471", str(4471 + n)).replace("Lin Wei", f"Lin Wei {n}")
             kept += [message(f"u{n}", "user", user), message(f"a{n}", "assistant", answer)]
-        state = ThreadState(tuple(kept), result.summary, (), None, state.version + 1, state.gen + 1, result.notes,
+        state = ThreadState(tuple(kept), result.record, (), None, state.version + 1, state.gen + 1, result.notes,
                             folded_turns=state.folded_turns + plan.folded_turns)
     assert summaries[-1].endswith("\n(turns 1–20 of this conversation)")
 
@@ -553,7 +554,7 @@ def test_a_persons_pin_is_never_touched_by_twenty_compactions():
     state = thread(6, texts=planted, pins=[pin])
     for _ in range(20):
         result = compose(state)
-        state = ThreadState(plan_of(state).kept + state.messages[:4], result.summary, state.pins, None,
+        state = ThreadState(plan_of(state).kept + state.messages[:4], result.record, state.pins, None,
                             state.version + 1, state.gen + 1, result.notes)
         assert state.pins == (pin,)
 
@@ -564,12 +565,12 @@ def test_a_thirty_turn_chinese_conversation_keeps_every_planted_fact_after_every
               3: "预算为9000欧元，集群需要3个副本。", 4: "我住在杭州。"}
     filler = "我们聊聊天气吧，今天阳光很好，适合出去走走，顺便买点水果。"
     answer = "好的。" + "这是一个很好的问题，我们可以从几个方面来看，先了解背景，再比较不同做法的优缺点。" * 3
-    state = ThreadState(summary="")
-    summary, notes = "", ()
+    state = ThreadState()
+    record, notes = Record(), ()
     messages: list[ThreadMessage] = []
     for n in range(1, 31):
         messages += [message(f"u{n}", "user", plants.get(n, filler)), message(f"a{n}", "assistant", answer)]
-        state = ThreadState(tuple(messages), summary, (), None, n, n, notes)
+        state = ThreadState(tuple(messages), record, (), None, n, n, notes)
         if not c.compaction_due(len(messages), c.uncompacted_tokens(messages, COUNTER), LIMITS, BUDGET):
             continue
         try:
@@ -577,10 +578,10 @@ def test_a_thirty_turn_chinese_conversation_keeps_every_planted_fact_after_every
         except c.NoGain:
             continue
         plan = plan_of(state)
-        messages, summary, notes = list(plan.kept), result.summary, result.notes
-        memory = "\n".join([summary, *notes, *(m.text for m in messages)])
+        messages, record, notes = list(plan.kept), result.record, result.notes
+        memory = "\n".join([record.render(), *notes, *(m.text for m in messages)])
         assert [f for f in facts if f not in memory] == []
-    assert summary.startswith("Statements kept from earlier turns:\n")
+    assert record.render().startswith("Statements kept from earlier turns:\n")
 
 
 def test_the_fact_guard_refuses_a_result_that_lost_a_fact_by_accident(monkeypatch):
@@ -599,6 +600,6 @@ def test_the_fact_guard_refuses_a_result_that_lost_a_fact_by_accident(monkeypatc
 
 def test_a_record_written_under_the_earlier_header_reads_the_same():
     lines = "- Person: I am Marta.\n- Assistant: Oslo has 700000 people.\n(turns 1–2 of this conversation)"
-    old, new = parse_record("Earlier turns, kept as notes:\n" + lines), parse_record(HEADER + "\n" + lines)
+    old, new = read_record("Earlier turns, kept as notes:\n" + lines), read_record(HEADER + "\n" + lines)
     assert old == new and [line.kind for line in new.lines] == [PERSON, ASSISTANT]
     assert new.render() == HEADER + "\n" + lines

@@ -14,6 +14,7 @@ from app.memory.final_turn import FinalTurn
 from app.store.keys import ThreadKeys
 from tests.fake_llm import Reply
 from tests.fixtures.celery_worker import commit_turn, history, message_ids, seed_turns, thread_id_for, turn_ids
+from tests.fixtures.memory_data import text_record
 
 GIST = {"summary": "They chatted about the numbers one and two.", "pinnedDecisions": []}
 
@@ -124,7 +125,7 @@ def test_a_refinement_read_before_a_fold_is_discarded(compaction_rig, fake_llm):
     state = rig.store.load(tid)
     fold(rig, tid, commit_turn(rig.store, tid, 6))
     stale = rig.store.apply_refinement(tid, expected_gen=state.gen, refined_turns=state.folded_turns,
-                                       summary="lost", notes=[])
+                                       record=text_record("lost"), notes=[])
     assert (stale.outcome, stale.detail) == ("stale", "generation")
     assert "lost" != rig.store.load(tid).summary
 

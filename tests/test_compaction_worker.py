@@ -26,6 +26,7 @@ from app.extensions import Services
 from app.llm.provider import LLMError
 from app.memory import compaction as domain
 from app.memory.context import format_summary
+from app.memory.migration import read_record
 from app.memory.state import PINNED_BY_PERSON, Pin
 from app.store.keys import ThreadKeys
 from tests.fake_llm import Reply
@@ -143,7 +144,8 @@ def test_the_worker_folds_the_oldest_turns_publishes_and_records(compaction_rig,
         "outcome": "applied", "reason": "extractive", "step": "fold", "attempt": 0, "turnsFolded": 2,
         "summaryChars": len(FOLDED), "notesCount": 0, "factRetention": 1.0, "factsChecked": 0, "factsDropped": 0,
         "tokensBefore": domain.messages_cost(before.messages, counter),
-        "tokensAfter": domain.messages_cost(state.messages, counter) + counter.message("system", format_summary(FOLDED))}
+        "tokensAfter": domain.messages_cost(state.messages, counter) + counter.message("system",
+                                                                                format_summary(read_record(FOLDED)))}
     assert fold["tokensAfter"] < fold["tokensBefore"]
     assert {k: refine[k] for k in ("outcome", "reason", "step", "turnsRefined", "modelCalls", "summaryChars")} == {
         "outcome": "applied", "reason": "llm", "step": "refine", "turnsRefined": 2, "modelCalls": 1,

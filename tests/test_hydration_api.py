@@ -11,10 +11,11 @@ import redis
 from app import create_app
 from app.memory.final_turn import FinalTurn
 from app.memory.hydration import find_forbidden_key
+from app.memory.record import PERSON, Record, RecordLine
 from app.memory.state import Pin
 from app.store.keys import ThreadKeys
 from app.web.responses import guarded_json
-from tests.fixtures.memory_data import CREATED, state, write_raw_state
+from tests.fixtures.memory_data import CREATED, state, text_record, write_raw_state
 
 THREAD_RE = re.compile(r"^chat:[a-f0-9]{64}$")
 
@@ -60,14 +61,20 @@ def test_stored_turns_are_returned_in_order_with_exactly_four_keys(client, store
 
 def test_summary_preview_is_the_first_240_characters_and_pins_are_texts(client, redis_client):
     thread_id = hydrate(client)["threadId"]
-    summary = "S" * 240 + "T" * 500
-    write_raw_state(redis_client, thread_id, state(1, summary=summary, pins=("use tabs", "ship Friday"),
-                                                    last_compacted_at=CREATED))
+    record = Record(1, 2, (RecordLine(PERSON, "S" * 200 + "T" * 500, 1), RecordLine(PERSON, "Ok.", 2)))
+    summary = record.render()
+    write_raw_state(redis_client, thread_id, state(1, pins=("use tabs", "ship Friday"), last_compacted_at=CREATED))
+    redis_client.hset(ThreadKeys(thread_id).state, "summary", record.to_stored())
     body = hydrate(client)
-    assert body["summaryPreview"] == "S" * 240
+    assert body["summaryPreview"] == summary[:240] and body["summaryPreview"].endswith("S" * 185)
     assert body["summary"] == summary  # the whole record, for the page's "Earlier in this conversation"
+    assert body["record"] == record.to_dict()  # the same record as data
     assert body["pinnedDecisions"] == ["use tabs", "ship Friday"]
-    assert set(body) == {"threadId", "messages", "summaryPreview", "summary", "pinnedDecisions", "restored"}
+    assert set(body) == {"threadId", "messages", "summaryPreview", "summary", "record", "pinnedDecisions",
+                         "restored"}
+    # a summary an earlier version stored as text reads the same
+    redis_client.hset(ThreadKeys(thread_id).state, "summary", summary)
+    assert hydrate(client) == body
 
 
 def test_thread_holding_only_pins_is_restored(client, store):
@@ -93,7 +100,7 @@ def test_compaction_running_during_delete_cannot_bring_anything_back(client, sto
     seen = store.load(thread_id)
     assert client.delete("/api/chat/thread").status_code == 204
     result = store.apply_compaction(thread_id, expected_gen=seen.gen, folded_ids=[m.id for m in seen.messages[:4]],
-                                    summary="resurrected", notes=["resurrected"], compacted_at=CREATED)
+                                    record=text_record("resurrected"), notes=["resurrected"], compacted_at=CREATED)
     assert result.outcome == "stale"
     assert hydrate(client)["restored"] is False
 

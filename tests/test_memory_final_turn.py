@@ -16,7 +16,7 @@ from app.memory.final_turn import (
 )
 from app.memory.schemas import MESSAGE_SCHEMA
 from app.memory.state import ThreadState
-from tests.fixtures.memory_data import CREATED, message, state, turn
+from tests.fixtures.memory_data import CREATED, message, state, text_record, turn
 from tests.fixtures.reference_memory import append_turn, is_duplicate
 
 FIXED = {"now": lambda: CREATED}
@@ -228,6 +228,6 @@ def test_append_turn_twice_with_the_same_ids_leaves_two_messages():
 
 
 def test_append_turn_keeps_summary_pins_and_generation():
-    st = ThreadState(summary="s", pins=state(0, pins=("p",)).pins, gen=3, version=7)
+    st = ThreadState(record=text_record("s"), pins=state(0, pins=("p",)).pins, gen=3, version=7)
     after = append_turn(st, *turn(1), by_text=True)
-    assert (after.summary, after.pinned_decisions, after.gen, after.version) == ("s", ["p"], 3, 8)
+    assert (after.record, after.pinned_decisions, after.gen, after.version) == (text_record("s"), ["p"], 3, 8)

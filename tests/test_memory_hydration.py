@@ -15,6 +15,7 @@ from app.memory.hydration import (
     find_forbidden_key,
     normalize_key,
 )
+from app.memory.record import ABOUT, PERSON, Record, RecordLine
 from app.memory.state import Pin, ThreadState
 from tests.fixtures.memory_data import CREATED, new_thread_id, state
 
@@ -36,19 +37,28 @@ def test_empty_thread_hydrates_to_exactly_the_empty_dto():
     assert empty_hydration(thread_id) == expected
 
 
-def test_dto_carries_messages_pin_texts_and_a_240_character_summary_preview():
+def test_dto_carries_messages_pin_texts_the_record_as_text_and_data_and_a_240_character_summary_preview():
     thread_id = new_thread_id()
-    st = ThreadState(messages=state(1).messages, summary="x" * 239 + "yz",
+    record = Record(1, 3, (RecordLine(ABOUT, "Plans."), RecordLine(PERSON, "x" * 147 + "yz", 1, 3),
+                           RecordLine(PERSON, "Moved to Tuesday.", 3)))
+    st = ThreadState(messages=state(1).messages, record=record,
                      pins=(Pin("use tabs", "person"), Pin("ship Friday", "model")))
     dto = build_hydration(thread_id, st)
+    summary = ("Statements kept from earlier turns:\n- About: Plans.\n- Person (turn 1) [replaced by turn 3]: "
+               + "x" * 147 + "yz\n- Person (turn 3): Moved to Tuesday.\n(turns 1–3 of this conversation)")
+    assert summary[:240].endswith("x" * 147 + "y")
     assert dto == {
         "threadId": thread_id,
         "messages": [{"id": "u1", "role": "user", "text": "U1", "createdAt": CREATED},
                      {"id": "a1", "role": "assistant", "text": "A1", "createdAt": CREATED}],
         "pinnedDecisions": ["use tabs", "ship Friday"],
         "restored": True,
-        "summaryPreview": "x" * 239 + "y",
-        "summary": "x" * 239 + "yz",
+        "summaryPreview": summary[:240],
+        "summary": summary,
+        "record": {"firstTurn": 1, "lastTurn": 3, "lines": [
+            {"kind": "about", "text": "Plans.", "turn": None, "replacedBy": None},
+            {"kind": "person", "text": "x" * 147 + "yz", "turn": 1, "replacedBy": 3},
+            {"kind": "person", "text": "Moved to Tuesday.", "turn": 3, "replacedBy": None}]},
     }
 
 

@@ -7,7 +7,8 @@ import pytest
 
 from app.memory import compaction as c
 from app.memory.context import RECORD_HEADER, assemble_context
-from app.memory.compaction.record import PERSON, Record, RecordLine, mark_replaced, parse_record
+from app.memory.compaction.record import PERSON, Record, RecordLine, mark_replaced
+from app.memory.migration import read_record
 from app.memory.recall import (RECALL_FOOTER, RECALL_HEADER, ArchivedTurn, ArchiveIndex, format_recall, recall,
                                tokenize)
 from app.memory.state import ThreadMessage, ThreadState
@@ -97,8 +98,11 @@ def test_recalled_text_cannot_close_its_section():
     assert text.count("</recalled>") == 1 and text.endswith("</recalled>")
 
 
-def state_with(messages=(), summary="", folded=0) -> ThreadState:
-    return ThreadState(tuple(messages), summary, folded_turns=folded)
+ABOUT_OFFSITE = Record(1, 2, (RecordLine("about", "an offsite"),))
+
+
+def state_with(messages=(), record=Record(), folded=0) -> ThreadState:
+    return ThreadState(tuple(messages), record, folded_turns=folded)
 
 
 def test_the_prompt_carries_recall_after_the_recent_turns_before_the_input_within_its_share():
@@ -126,12 +130,12 @@ def test_the_next_prompt_starts_with_this_prompt_up_to_the_excerpts():
     index = index_of(archived(1, "Our budget for the offsite is 9000 euros."),
                      archived(2, "The offsite venue is Hall 7 in Lyon."))
     recent = [msg("u3", "user", "Hello again"), msg("a3", "assistant", "Hi!")]
-    first = assemble_context(ThreadState(tuple(recent), RECORD_HEADER + "- About: an offsite", folded_turns=2),
+    first = assemble_context(ThreadState(tuple(recent), ABOUT_OFFSITE, folded_turns=2),
                              "What was the offsite budget?", system_prompt="S", counter=COUNTER,
                              context_tokens=8192, reserved_output_tokens=1024, archive=index)
     assert [m.origin for m in first.messages] == ["system", "summary", "recent", "recent", "recall", "input"]
     answered = (*recent, msg("u4", "user", "What was the offsite budget?"), msg("a4", "assistant", "9000 euros."))
-    second = assemble_context(ThreadState(answered, RECORD_HEADER + "- About: an offsite", folded_turns=2),
+    second = assemble_context(ThreadState(answered, ABOUT_OFFSITE, folded_turns=2),
                               "Where is the offsite venue?", system_prompt="S", counter=COUNTER,
                               context_tokens=8192, reserved_output_tokens=1024, archive=index)
     assert [m.origin for m in second.messages][-2:] == ["recall", "input"]
@@ -163,7 +167,7 @@ def fold(state: ThreadState) -> tuple[c.CompactionResult, ThreadState]:
     budget = 8192 - 1024
     plan = c.plan_compaction(state, limits, COUNTER, budget, fixed_prompt_tokens=c.fixed_prompt_tokens(limits, COUNTER))
     result = c.compose(state, plan, None, limits=limits, counter=COUNTER, prompt_budget=budget)
-    after = ThreadState(plan.kept, result.summary, folded_turns=state.folded_turns + plan.folded_turns)
+    after = ThreadState(plan.kept, result.record, folded_turns=state.folded_turns + plan.folded_turns)
     return result, after
 
 
@@ -174,9 +178,9 @@ def test_a_correction_marks_the_line_it_replaces_and_the_prompt_says_the_later_o
                                                               msg(f"a{n}", "assistant", "Noted. " + FILLER * 3))]
     state = state_with(messages[:12])
     _, state = fold(state)  # turns 1-2
-    state = ThreadState(state.messages + tuple(messages[12:]), state.summary, folded_turns=state.folded_turns)
+    state = ThreadState(state.messages + tuple(messages[12:]), state.record, folded_turns=state.folded_turns)
     result, state = fold(state)  # turns 3-6
-    record = parse_record(result.summary)
+    record = result.record
     by_turn = {line.turn: line for line in record.lines if line.kind == PERSON}
     assert by_turn[1].replaced_by == 5  # "budget … euros" again, corrected
     assert by_turn[3].replaced_by == 0  # the dinner is another subject
@@ -202,7 +206,7 @@ def test_a_line_is_marked_replaced_only_when_grounded(earlier, later, marked):
 
 def test_record_lines_read_back_with_their_numbers_and_marks_and_old_lines_still_read():
     record = Record(1, 6, (RecordLine(PERSON, "a", 2, 6), RecordLine(PERSON, "b", 6)))
-    assert parse_record(record.render()) == record
-    old = parse_record("Statements kept from earlier turns:\n- Person: Hi, I'm Lin.\n- About: x\n(turns 1–2 of this "
-                       "conversation)")
+    assert read_record(record.to_stored()) == read_record(record.render()) == record
+    old = read_record("Statements kept from earlier turns:\n- Person: Hi, I'm Lin.\n- About: x\n(turns 1–2 of this "
+                      "conversation)")
     assert [(line.kind, line.text, line.turn) for line in old.lines] == [(PERSON, "Hi, I'm Lin.", 0), ("about", "x", 0)]

@@ -129,6 +129,30 @@ def test_schema_instances_are_cached_per_limits_value():
 # -- the hydration DTO ---------------------------------------------------------------------------------
 
 
+class RecordLineSchema(Schema):
+    """A line of the DTO's ``record``."""
+
+    class Meta:
+        unknown = RAISE
+
+    kind = fields.String(required=True, validate=validate.OneOf(("about", "asked", "person", "assistant", "told",
+                                                                 "text")))
+    text = fields.String(required=True)
+    turn = fields.Integer(required=True, allow_none=True, validate=validate.Range(min=1))
+    replacedBy = fields.Integer(required=True, allow_none=True, validate=validate.Range(min=1))
+
+
+class RecordSchema(Schema):
+    """The DTO's ``record``: the summary as data."""
+
+    class Meta:
+        unknown = RAISE
+
+    firstTurn = fields.Integer(required=True, validate=validate.Range(min=0))
+    lastTurn = fields.Integer(required=True, validate=validate.Range(min=0))
+    lines = fields.List(fields.Nested(RecordLineSchema), required=True, validate=validate.Length(min=1))
+
+
 class HydrationSchema(Schema):
     """The DTO of ``GET /api/chat/thread`` as ``docs/contract.md`` (HTTP) describes it."""
 
@@ -140,6 +164,7 @@ class HydrationSchema(Schema):
     archived = fields.List(fields.Nested(MessageSchema), validate=validate.Length(min=1))
     summaryPreview = fields.String(validate=validate.Length(min=1, max=SUMMARY_PREVIEW_CHARS))
     summary = fields.String(validate=validate.Length(min=1, max=LIMITS.summary_max_chars))
+    record = fields.Nested(RecordSchema)
     pinnedDecisions = fields.List(fields.String(validate=validate.Length(min=1, max=LIMITS.pinned_max_chars)),
                                   required=True, validate=validate.Length(max=LIMITS.pinned_max))
     restored = fields.Boolean(required=True)
@@ -149,7 +174,8 @@ def test_hydration_schema_accepts_what_build_hydration_returns():
     thread_id = new_thread_id()
     dto = build_hydration(thread_id, state(2, summary="s" * 300, pins=("p1", "p2")))
     loaded = HydrationSchema().load(dto)
-    assert loaded["summaryPreview"] == "s" * 240
+    assert loaded["summaryPreview"] == ("Statements kept from earlier turns:\n- " + "s" * 300)[:240]
+    assert loaded["record"]["lines"] == [{"kind": "text", "text": "s" * 300, "turn": None, "replacedBy": None}]
     assert loaded["restored"] is True
     assert len(loaded["messages"]) == 4 and "archived" not in loaded
 

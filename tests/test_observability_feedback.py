@@ -11,6 +11,7 @@ from app.observability.feedback import MAX_FEEDBACK, load_feedback
 from app.store.keys import ThreadKeys
 from tests.fake_llm import Reply
 from tests.fixtures.live_app import ChatClient
+from tests.fixtures.memory_data import text_record
 
 
 def feedback(client: ChatClient, **body):
@@ -111,7 +112,7 @@ def test_feedback_on_a_folded_answer_still_counts(chat, fake_llm, store, redis_c
     thread_id = chat.thread()["threadId"]
     state = store.load(thread_id)
     assert store.apply_compaction(thread_id, expected_gen=state.gen, folded_ids=[m.id for m in state.messages],
-                                  summary="A question was asked.", notes=[],
+                                  record=text_record("A question was asked."), notes=[],
                                   compacted_at="2026-11-30T12:00:00.000Z").outcome == "applied"
     assert feedback(chat, messageId=answer_id, rating="up").status_code == 201
     assert load_feedback(redis_client, thread_id)[0]["turn"]["status"] == "completed"

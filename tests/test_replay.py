@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 
 from app.memory import compaction as domain
-from app.memory.compaction.record import parse_record
 from app.memory.state import ThreadMessage, ThreadState
 from app.memory.tokens import counter_for
 from app.settings import MemoryLimits
@@ -112,7 +111,7 @@ def test_a_long_english_and_chinese_conversation_loses_and_duplicates_no_turn(ma
     # Which lines the bounded record keeps depends on how many turns each compaction folded (worker timing);
     # what holds whatever the timing: it covers turns 1-116, every person line is that turn's own words (cut
     # only at " … "), and the newest folded turns are in it.
-    record = parse_record(state.summary)
+    record = state.record
     assert (record.first_turn, record.last_turn) == (1, TURNS - 4)
     person = [line for line in record.lines if line.kind == "person"]
     assert person and all(piece.strip(" .") in turns[line.turn - 1]

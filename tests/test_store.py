@@ -7,10 +7,11 @@ import json
 import pytest
 
 from app.memory.final_turn import FinalTurn, TurnRejected
+from app.memory.migration import read_record
 from app.memory.state import Pin, ThreadState
 from app.store.keys import ThreadKeys
 from app.store.thread_store import CorruptState, StoreUnavailable, ThreadStore
-from tests.fixtures.memory_data import CHINESE, CREATED, new_thread_id, turn, write_raw_state, state
+from tests.fixtures.memory_data import CHINESE, CREATED, new_thread_id, state, text_record, turn, write_raw_state
 
 TTL = 604800
 
@@ -36,11 +37,11 @@ def test_unknown_thread_loads_as_the_empty_state(store, tid):
 
 
 def test_raw_hash_written_in_the_documented_layout_loads_back(store, redis_client, tid):
-    st = ThreadState(messages=state(2).messages, summary="sum", pins=(Pin("p", "person"),),
+    st = ThreadState(messages=state(2).messages, record=text_record("sum"), pins=(Pin("p", "person"),),
                      last_compacted_at=CREATED)
     write_raw_state(redis_client, tid, st, version=5, gen=2)
     loaded = store.load(tid)
-    assert loaded == ThreadState(st.messages, "sum", (Pin("p", "person"),), CREATED, version=5, gen=2)
+    assert loaded == ThreadState(st.messages, text_record("sum"), (Pin("p", "person"),), CREATED, version=5, gen=2)
 
 
 def test_stored_message_with_an_extra_key_is_corrupt(store, redis_client, tid):
@@ -58,7 +59,7 @@ def test_reads_skip_validation_when_asked(store, redis_client, tid):
     with pytest.raises(CorruptState):
         store.load(tid)
     fast = ThreadStore(store.redis, store.limits, TTL, validate_reads=False)
-    assert fast.load(tid).summary == long_summary
+    assert fast.load(tid).record == read_record(long_summary)  # read as the free text an earlier version wrote
 
 
 def test_invalid_json_in_the_hash_is_corrupt(store, redis_client, tid):
@@ -122,7 +123,7 @@ def test_version_changes_on_every_write(store, tid):
     gen = store.load(tid).gen
     assert store.set_pins(tid, expected_gen=gen, pins=[Pin("p")]) is True
     versions.append(store.load(tid).version)
-    applied = store.apply_compaction(tid, expected_gen=gen + 1, folded_ids=["u1", "a1"], summary="s",
+    applied = store.apply_compaction(tid, expected_gen=gen + 1, folded_ids=["u1", "a1"], record=text_record("s"),
                                      notes=["n"], compacted_at=CREATED)
     versions.append(applied.version)
     versions.append(store.clear(tid))
@@ -176,7 +177,7 @@ def test_set_pins_and_apply_compaction_refresh_every_ttl(store, redis_client, ti
     assert_ttls_refreshed(redis_client, keys.ttl_keys())
     seed_side_keys(redis_client, tid)
     redis_client.expire(keys.state, 30)
-    result = store.apply_compaction(tid, expected_gen=1, folded_ids=["u1", "a1"], summary="s",
+    result = store.apply_compaction(tid, expected_gen=1, folded_ids=["u1", "a1"], record=text_record("s"),
                                     notes=["n"], compacted_at=CREATED)
     assert result.outcome == "applied"
     assert_ttls_refreshed(redis_client, keys.ttl_keys())
@@ -256,7 +257,8 @@ def test_compaction_that_read_before_a_clear_is_stale_and_writes_nothing(store, 
     store.clear(tid)
     raw_before = redis_client.hgetall(ThreadKeys(tid).state)
     result = store.apply_compaction(tid, expected_gen=seen.gen, folded_ids=["u1", "a1", "u2", "a2"],
-                                    summary="from before the clear", notes=["stale note"], compacted_at=CREATED)
+                                    record=text_record("from before the clear"), notes=["stale note"],
+                                    compacted_at=CREATED)
     assert (result.outcome, result.detail) == ("stale", "generation")
     assert redis_client.hgetall(ThreadKeys(tid).state) == raw_before
     assert store.load(tid).is_empty is True
@@ -315,12 +317,14 @@ def test_compaction_keeps_messages_appended_meanwhile(store, tid):
     seen = store.load(tid)
     store.commit_messages(tid, *turn(7, WEIRD, "A7"), dedupe_by_text=False)  # while the model runs
     result = store.apply_compaction(tid, expected_gen=seen.gen, folded_ids=["u1", "a1", "u2", "a2"],
-                                    summary="U1 and U2 happened.", notes=["keep 中文 😀"], compacted_at=CREATED)
+                                    record=text_record("U1 and U2 happened."), notes=["keep 中文 😀"],
+                                    compacted_at=CREATED)
     assert result.outcome == "applied"
     after = store.load(tid)
     assert texts(after) == ["U3", "A3", "U4", "A4", "U5", "A5", "U6", "A6", WEIRD, "A7"]
     assert after.messages == seen.messages[4:] + turn(7, WEIRD, "A7")  # re-encoded by Lua's cjson, unchanged
-    assert (after.summary, after.notes, after.last_compacted_at) == ("U1 and U2 happened.", ("keep 中文 😀",), CREATED)
+    assert (after.record, after.notes, after.last_compacted_at) == (text_record("U1 and U2 happened."),
+                                                                    ("keep 中文 😀",), CREATED)
     assert after.gen == seen.gen + 1
     assert result.version == after.version
 
@@ -329,14 +333,15 @@ def test_compaction_whose_folded_messages_are_no_longer_oldest_is_stale(store, t
     commit_turns(store, tid, 3)
     gen = store.load(tid).gen
     for folded in (["a1", "u2"], ["u1", "a2"], ["u1", "a1", "u2", "a2", "u3", "a3", "u9"], []):
-        result = store.apply_compaction(tid, expected_gen=gen, folded_ids=folded, summary="s", notes=[],
+        result = store.apply_compaction(tid, expected_gen=gen, folded_ids=folded, record=text_record("s"), notes=[],
                                         compacted_at=CREATED)
         assert (result.outcome, result.detail) == ("stale", "messages")
     assert texts(store.load(tid)) == ["U1", "A1", "U2", "A2", "U3", "A3"]
 
 
 def test_compaction_of_a_missing_thread_is_stale_and_creates_nothing(store, redis_client, tid):
-    result = store.apply_compaction(tid, expected_gen=0, folded_ids=["u1"], summary="s", notes=[], compacted_at=CREATED)
+    result = store.apply_compaction(tid, expected_gen=0, folded_ids=["u1"], record=text_record("s"), notes=[],
+                                    compacted_at=CREATED)
     assert (result.outcome, result.detail) == ("stale", "missing")
     assert redis_client.exists(ThreadKeys(tid).state) == 0
 
@@ -344,21 +349,21 @@ def test_compaction_of_a_missing_thread_is_stale_and_creates_nothing(store, redi
 def test_second_compaction_with_the_same_generation_is_stale(store, tid):
     commit_turns(store, tid, 6)
     gen = store.load(tid).gen
-    first = store.apply_compaction(tid, expected_gen=gen, folded_ids=["u1", "a1"], summary="one", notes=[],
+    first = store.apply_compaction(tid, expected_gen=gen, folded_ids=["u1", "a1"], record=text_record("one"), notes=[],
                                    compacted_at=CREATED)
-    second = store.apply_compaction(tid, expected_gen=gen, folded_ids=["u2", "a2"], summary="two", notes=[],
+    second = store.apply_compaction(tid, expected_gen=gen, folded_ids=["u2", "a2"], record=text_record("two"), notes=[],
                                     compacted_at=CREATED)
     assert (first.outcome, second.outcome, second.detail) == ("applied", "stale", "generation")
-    assert store.load(tid).summary == "one"
+    assert store.load(tid).record == text_record("one")
 
 
 def test_compaction_of_every_message_leaves_an_empty_list(store, tid):
     commit_turns(store, tid, 1)
-    result = store.apply_compaction(tid, expected_gen=0, folded_ids=["u1", "a1"], summary="all folded",
+    result = store.apply_compaction(tid, expected_gen=0, folded_ids=["u1", "a1"], record=text_record("all folded"),
                                     notes=[], compacted_at=CREATED)
     assert result.outcome == "applied"
     after = store.load(tid)
-    assert (after.messages, after.summary) == ((), "all folded")
+    assert (after.messages, after.record) == ((), text_record("all folded"))
     store.commit_messages(tid, *turn(2), dedupe_by_text=False)
     assert texts(store.load(tid)) == ["U2", "A2"]
 
@@ -385,8 +390,8 @@ def test_set_pins_after_a_compaction_started_makes_the_compaction_stale(store, t
     commit_turns(store, tid, 6)
     seen = store.load(tid)
     assert store.set_pins(tid, expected_gen=seen.gen, pins=[Pin("mine", "person")]) is True
-    result = store.apply_compaction(tid, expected_gen=seen.gen, folded_ids=["u1", "a1"], summary="s", notes=[],
-                                    compacted_at=CREATED)
+    result = store.apply_compaction(tid, expected_gen=seen.gen, folded_ids=["u1", "a1"], record=text_record("s"),
+                                    notes=[], compacted_at=CREATED)
     assert result.outcome == "stale"
     assert store.load(tid).pins == (Pin("mine", "person"),)
 

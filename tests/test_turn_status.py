@@ -12,6 +12,7 @@ from app.memory.status import TurnStatus, writes_memory
 from app.observability.inspector import NOTE_FOLDED, NOTE_NOT_KEPT, resolve_prompt
 from app.store.keys import ThreadKeys
 from tests.fake_llm import Reply
+from tests.fixtures.memory_data import text_record
 
 TABLE = [  # status, writes memory, done status
     ("completed", True, "completed"), ("final", True, "completed"), ("blocked", True, "blocked"),
@@ -53,7 +54,7 @@ def test_feedback_on_a_folded_answer_whose_turn_ended_final_still_counts(chat, f
     redis_client.lset(stats_key, 0, json.dumps({**record, "status": "final"}))
     state = store.load(thread_id)
     assert store.apply_compaction(thread_id, expected_gen=state.gen, folded_ids=[m.id for m in state.messages],
-                                  summary="A task list ran.", notes=[],
+                                  record=text_record("A task list ran."), notes=[],
                                   compacted_at="2026-11-30T12:00:00.000Z").outcome == "applied"
     response = chat.http.post(chat.server.url + "/api/chat/feedback", json={"messageId": answer_id, "rating": "up"},
                               timeout=10)
@@ -65,6 +66,6 @@ def test_feedback_on_a_folded_answer_whose_turn_ended_final_still_counts(chat, f
                                           ("cancelled", NOTE_NOT_KEPT), ("paused", NOTE_NOT_KEPT)])
 def test_the_inspector_says_a_folded_input_was_kept_exactly_when_its_turn_wrote_memory(status, note):
     record = {"status": status, "prompt": [{"origin": "input", "role": "user", "tokens": 4, "ref": "u-gone"}]}
-    state = ThreadState(summary="Earlier turns were folded.")
+    state = ThreadState(record=text_record("Earlier turns were folded."))
     assert resolve_prompt(record, state, "system") == [
         {"origin": "input", "role": "user", "tokens": 4, "text": None, "note": note}]

@@ -11,6 +11,7 @@ import threading
 from app.memory.context import PINS_HEADER, SUMMARY_HEADER, format_summary
 from tests.fake_llm import Reply, split_tokens, words
 from tests.fixtures.live_app import ChatClient, answer_text, frame_kinds
+from tests.fixtures.memory_data import text_record
 from tests.fixtures.streamed_chat import seed_memory
 
 
@@ -66,7 +67,7 @@ def test_model_receives_exactly_the_stored_memory(chat, fake_llm, store, app_set
     sent = fake_llm.last_request().messages
     expected = [
         {"role": "system", "content": app_settings.system_prompt},
-        {"role": "system", "content": format_summary("They are planning a trip to Lisbon.")},
+        {"role": "system", "content": format_summary(text_record("They are planning a trip to Lisbon."))},
         {"role": "system", "content": PINS_HEADER + "1. Budget is 900 EUR\n2. Travel by train"},
     ]
     for user, assistant in seeded.recent:

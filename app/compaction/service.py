@@ -242,7 +242,7 @@ def commit(services: Services, prepared: Prepared, result: CompactionResult) -> 
     plan = prepared.plan
     return services.store.apply_compaction(
         prepared.thread_id, expected_gen=plan.expected_gen, folded_ids=plan.folded_ids,
-        summary=result.summary, notes=list(result.notes), compacted_at=utc_now_iso())
+        record=result.record, notes=list(result.notes), compacted_at=utc_now_iso())
 
 
 def _fold_figures(prepared: Prepared, result: CompactionResult | None, started: float, attempt: int) -> dict:
@@ -483,7 +483,7 @@ def run_refinement(services: Services, thread_id: str, token: int, *, attempt: i
     try:
         committed = services.store.apply_refinement(
             thread_id, expected_gen=state.gen, refined_turns=state.folded_turns,
-            summary=result.summary if result is not None else state.summary,
+            record=result.record if result is not None else state.record,
             notes=list(result.notes if result is not None else state.notes))
     except StoreUnavailable:
         retry_in = retry_countdown(settings, attempt)

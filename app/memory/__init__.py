@@ -3,6 +3,8 @@
 The seed design in a few modules:
 
 - ``state``: ThreadMessage, Pin, ThreadState.
+- ``record``: the record of the folded turns as data (its lines, its text, its stored form).
+- ``migration``: the one reader of a stored record, in every shape a version wrote.
 - ``limits``: MemoryLimits, the bounds of one ThreadState.
 - ``schemas``: marshmallow schemas for the stored state, the compaction output and the hydration DTO.
 - ``final_turn``: which finished turns are written and how their text is cleaned.

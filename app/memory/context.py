@@ -11,7 +11,7 @@ budget and never at the cost of a recent turn; the new user text.  Record lines 
 excerpts carry their turn numbers, and both headers say that a later statement
 replaces an earlier one.
 
-The record is rendered here, from the stored summary (``render_record``), so that a fold
+The record is rendered here, from the thread's ``Record`` (``render_record``), so that a fold
 changes as little as possible before the newest turns and a correction reads as current:
 
 - its current lines in turn order, append-only: a fold adds lines at their end;
@@ -39,9 +39,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from app.memory.compaction.record import HEADER as RECORD_LINES_HEADER
-from app.memory.compaction.record import LEGACY_HEADERS, parse_record
 from app.memory.recall import RECALL_SHARE, ArchiveIndex, format_recall, recall
+from app.memory.record import HEADER as RECORD_LINES_HEADER
+from app.memory.record import Record
 from app.memory.state import ThreadState
 from app.memory.tokens import REPLY_PRIMING, TokenCounter
 
@@ -54,6 +54,7 @@ NOTES_TITLE = "Notes taken by the assistant (not the person's decisions):"
 RANGE_FORMAT = "(turns {first}–{last} of this conversation)"
 SUMMARY_HEADER = RECORD_HEADER  # what a summary message starts with
 PINS_HEADER = "Decisions the person pinned (keep to these):\n"
+SHORTENED_MARK = " …"
 
 
 class ContextTooLong(ValueError):
@@ -117,31 +118,26 @@ def _as_data(text: str) -> str:
     return text.replace("<record>", "<record >").replace("</record>", "</record >")
 
 
-def render_record(summary: str) -> tuple[str, str]:
-    """The stored summary as ``(body, turn range)`` for a prompt: ``body`` holds the record's header and its
-    current lines in turn order (a line a later correction replaced is left out); ``turn range`` is e.g.
-    ``"(turns 1–8 of this conversation)"`` (``""`` for a free-text summary).
-
-    A summary that is not a record (free text) is given back as it is, with no range; a record cut short for a
-    prompt (``shorten_to_tokens``) keeps the lines it still has, and no range.
-    """
-    stripped = summary.strip()
-    first_line = stripped.split("\n", 1)[0].strip()
-    if first_line != RECORD_LINES_HEADER and first_line not in LEGACY_HEADERS:
-        return summary, ""
-    record = parse_record(stripped)
+def render_record(record: Record) -> tuple[str, str]:
+    """The record as ``(body, turn range)`` for a prompt: ``body`` holds the record's header and its current
+    lines in turn order (a line a later correction replaced is left out); ``turn range`` is e.g.
+    ``"(turns 1–8 of this conversation)"``.  Both are ``""`` for a record without lines."""
     if not record.lines:
-        return summary, ""
-    parts = [RECORD_LINES_HEADER, *(line.render() for line in record.lines if not line.replaced_by)]
-    footer = RANGE_FORMAT.format(first=max(record.first_turn, 1), last=max(record.last_turn, 1))
-    has_range = stripped.rsplit("\n", 1)[-1].strip() == footer
-    return "\n".join(parts), footer if has_range else ""
+        return "", ""
+    body = "\n".join([RECORD_LINES_HEADER, *(line.render() for line in record.lines if not line.replaced_by)])
+    return body, RANGE_FORMAT.format(first=max(record.first_turn, 1), last=max(record.last_turn, 1))
 
 
-def format_summary(summary: str, notes=()) -> str:
-    """The system message that carries the record: the summary (``render_record``: its current lines), the
-    model's notes, then the record's turn range, framed as data."""
-    body, turn_range = render_record(summary) if summary else ("", "")
+def format_summary(record: Record, notes=(), *, cut: int | None = None) -> str:
+    """The system message that carries the record: its current lines (``render_record``), the model's notes,
+    then the record's turn range, framed as data.
+
+    With ``cut`` (a prompt too small for the whole record: ``shortened_summary``), the body keeps only its first
+    ``cut`` characters, marked `` …``, and no turn range.
+    """
+    body, turn_range = render_record(record)
+    if cut is not None:
+        body, turn_range = body[:cut].rstrip() + SHORTENED_MARK, ""
     body = _as_data(body)
     if notes:
         listed = "\n".join(f"- {_as_data(n)}" for n in notes)
@@ -151,7 +147,6 @@ def format_summary(summary: str, notes=()) -> str:
     return RECORD_HEADER + body + RECORD_FOOTER
 
 
-SHORTENED_MARK = " …"
 PINS_MAX_PROMPT_SHARE = 0.25
 """Share of the prompt budget the pins message may take: pins are never cut from a prompt, so a
 person's new pin that would take more is refused (otherwise a thread of long pins, e.g. 20 Chinese
@@ -163,14 +158,14 @@ def pins_prompt_tokens(pins: list[str], counter: TokenCounter) -> int:
     return counter.message("system", format_pins(pins)) if pins else 0
 
 
-def shorten_to_tokens(summary: str, max_message_tokens: int, counter: TokenCounter, notes=()) -> str:
-    """The longest prefix of ``summary`` (plus `` …``) whose record message (with ``notes``) costs at
-    most ``max_message_tokens`` tokens; ``""`` when not even a few characters fit.  Never splits a
+def shortened_summary(record: Record, max_message_tokens: int, counter: TokenCounter, notes=()) -> str:
+    """The record message (``format_summary``) with the longest beginning of the record's body (plus `` …``)
+    that costs at most ``max_message_tokens`` tokens; ``""`` when not even a few characters fit.  Never splits a
     character (binary search over character counts, each count cached)."""
     def cost(n: int) -> int:
-        return counter.message("system", format_summary(summary[:n].rstrip() + SHORTENED_MARK, notes))
+        return counter.message("system", format_summary(record, notes, cut=n))
 
-    low, high = 0, len(summary)
+    low, high = 0, len(render_record(record)[0])
     while low < high:
         mid = (low + high + 1) // 2
         if cost(mid) <= max_message_tokens:
@@ -179,7 +174,7 @@ def shorten_to_tokens(summary: str, max_message_tokens: int, counter: TokenCount
             high = mid - 1
     if low < 20:
         return ""
-    return summary[:low].rstrip() + SHORTENED_MARK
+    return format_summary(record, notes, cut=low)
 
 
 def format_pins(pins: list[str]) -> str:
@@ -222,8 +217,8 @@ def assemble_context(
         return PromptMessage(role, content, origin, counter.message(role, content), ref)
 
     head = [make("system", system_prompt, "system")]
-    if state.summary or state.notes:
-        head.append(make("system", format_summary(state.summary, state.notes), "summary"))
+    if state.record.lines or state.notes:
+        head.append(make("system", format_summary(state.record, state.notes), "summary"))
     if state.pins:
         head.append(make("system", format_pins(state.pinned_decisions), "pins"))
     tail = make("user", user_text, "input")
@@ -239,15 +234,15 @@ def assemble_context(
         recent_cost -= turn_costs[keep_from]
         keep_from += 1
         dropped += 1
-    if fixed > budget and state.summary:
-        # Still too long without any recent turn: shorten the summary for this prompt only
+    if fixed > budget and state.record.lines:
+        # Still too long without any recent turn: shorten the record for this prompt only
         # (memory keeps it whole).  The system prompt, the pins and the input are never cut.
         summary_message = next(m for m in head if m.origin == "summary")
         room = budget - (fixed - summary_message.tokens)
-        shortened = shorten_to_tokens(state.summary, room, counter, state.notes)
+        shortened = shortened_summary(state.record, room, counter, state.notes)
         head = [m for m in head if m.origin != "summary"]
         if shortened:
-            head.insert(1, make("system", format_summary(shortened, state.notes), "summary"))
+            head.insert(1, make("system", shortened, "summary"))
         fixed = sum(m.tokens for m in head) + tail.tokens + REPLY_PRIMING
     if fixed + recent_cost > budget:
         raise ContextTooLong(f"prompt needs {fixed + recent_cost} tokens, budget is {budget}")

@@ -66,12 +66,13 @@ def build_hydration(thread_id: str, state: ThreadState, *, restored: bool | None
     """Return the hydration DTO.
 
     Shape: ``{"threadId", "messages": [{id, role, text, createdAt}], "archived"?: [{id, role, text,
-    createdAt}], "summaryPreview"?, "summary"?, "pinnedDecisions": [str], "modelNotes"?: [str],
-    "restored": bool}``; ``archived`` are the messages of the newest folded turns the thread's
-    archive holds (``archived``: ``ArchivedTurn``s, oldest first; the page shows them dimmed above
-    ``messages``), absent when there are none; ``summaryPreview`` is
-    the first 240 characters of the summary and ``summary`` the whole of it (at most
-    ``MEMORY_SUMMARY_MAX_CHARS``), both absent when the summary is empty;
+    createdAt}], "summaryPreview"?, "summary"?, "record"?: {"firstTurn", "lastTurn", "lines": [{"kind", "text",
+    "turn", "replacedBy"}]}, "pinnedDecisions": [str], "modelNotes"?: [str], "restored": bool}``; ``archived``
+    are the messages of the newest folded turns the thread's archive holds (``archived``: ``ArchivedTurn``s,
+    oldest first; the page shows them dimmed above ``messages``), absent when there are none; ``summary`` is
+    the record rendered as text (``Record.render``; at most ``MEMORY_SUMMARY_MAX_CHARS`` once written by this
+    version), ``summaryPreview`` its first 240 characters and ``record`` the same record as data
+    (``Record.to_dict``), all three absent when the record has no line;
     ``pinnedDecisions`` are the person's; ``modelNotes`` (what compactions proposed to
     remember) is absent when there are none.
     """
@@ -84,9 +85,11 @@ def build_hydration(thread_id: str, state: ThreadState, *, restored: bool | None
     folded = [m.to_dict() for turn in archived for m in turn.messages]
     if folded:
         dto["archived"] = folded
-    if state.summary:
-        dto["summaryPreview"] = state.summary[:SUMMARY_PREVIEW_CHARS]
-        dto["summary"] = state.summary
+    if state.record.lines:
+        summary = state.record.render()
+        dto["summaryPreview"] = summary[:SUMMARY_PREVIEW_CHARS]
+        dto["summary"] = summary
+        dto["record"] = state.record.to_dict()
     if state.notes:
         dto["modelNotes"] = list(state.notes)
     return dto

@@ -1,8 +1,8 @@
 """ThreadState and its parts (docs/contract.md: ThreadState).
 
 A thread is the short-term memory of one browser session: the recent messages
-verbatim, a bounded summary of older turns, and pinned decisions.  Values here
-are immutable; every change produces a new value.
+verbatim, a bounded record of older turns (``app.memory.record``), and pinned decisions.
+Values here are immutable; every change produces a new value.
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
+
+from app.memory.record import Record
 
 ROLES = ("user", "assistant")
 PINNED_BY_PERSON = "person"
@@ -89,7 +91,8 @@ class ThreadState:
 
     Attributes:
         messages: recent messages, oldest first; whole turns (user then assistant).
-        summary: summary of folded turns, at most ``summary_max_chars`` characters.
+        record: the record of the folded turns (``app.memory.record``), rendered at most ``summary_max_chars``
+            characters long (``summary``).
         pins: pinned decisions, oldest first.
         last_compacted_at: ISO 8601 UTC time of the last applied compaction, or None.
         version: store version, changes on every write (0 for a thread never written).
@@ -104,7 +107,7 @@ class ThreadState:
     """
 
     messages: tuple[ThreadMessage, ...] = ()
-    summary: str = ""
+    record: Record = Record()
     pins: tuple[Pin, ...] = ()
     last_compacted_at: str | None = None
     version: int = 0
@@ -114,14 +117,19 @@ class ThreadState:
     folded_turns: int = 0
 
     @property
+    def summary(self) -> str:
+        """The record as text (``Record.render``; "" without lines): what the page shows and the gain rule counts."""
+        return self.record.render()
+
+    @property
     def pinned_decisions(self) -> list[str]:
         """The pinned decisions' texts, oldest first."""
         return [p.text for p in self.pins]
 
     @property
     def is_empty(self) -> bool:
-        """True when the thread holds no message, summary, pin or note."""
-        return not self.messages and not self.summary and not self.pins and not self.notes
+        """True when the thread holds no message, record line, pin or note."""
+        return not self.messages and not self.record.lines and not self.pins and not self.notes
 
     def turns(self) -> list[tuple[ThreadMessage, ...]]:
         """Group messages into whole turns (``group_turns``)."""

@@ -51,7 +51,7 @@ def resolve_prompt(record: dict, state: ThreadState, system_prompt: str) -> list
         if origin == "system":
             candidate, note = system_prompt, NOTE_SYSTEM_CHANGED
         elif origin == "summary":
-            candidate = format_summary(state.summary) if state.summary else None
+            candidate = format_summary(state.record) if state.record.lines else None
             note = NOTE_CHANGED
         elif origin == "pins":
             candidate = format_pins(state.pinned_decisions) if state.pins else None

@@ -27,11 +27,13 @@ from typing import Callable
 import redis
 from marshmallow import ValidationError
 
+from app.memory import migration
 from app.memory.cache import bytes_cached
 from app.memory.compaction.policy import hard_cap_messages
 from app.memory.final_turn import FinalTurn, prepare_final_turn
 from app.memory.schemas import MESSAGE_SCHEMA, stored_state_schema
 from app.memory.limits import MemoryLimits
+from app.memory.record import Record
 from app.memory.state import PINNED_BY_PERSON, Pin, ThreadMessage, ThreadState
 from app.store.compaction_outcome import Outcome, Reason, reason_of
 from app.store.keys import HEALTH_PROBE_KEY, ThreadKeys
@@ -171,22 +173,34 @@ def _checked_message_values(id_, role, text, created_at) -> ThreadMessage:
 
 @bytes_cached(16 * 1024 * 1024, 256 * 1024)
 def _checked_meta(limits: MemoryLimits, summary: str, pins_json: str, notes_json: str, last: str | None):
-    """Summary, pins, notes and ``lastCompactedAt`` checked with the stored-state schema (its limits)."""
-    stored_state_schema(limits).load({"messages": [], "summary": summary, "pins": json.loads(pins_json),
+    """Record, pins, notes and ``lastCompactedAt`` checked with the stored-state schema (its limits).
+
+    The schema's ``summary`` is the record as this version wrote it, rendered (``Record.render``); a summary an
+    earlier version stored (``migration.TEXT_FORMAT``) is checked as it is stored, so that reading it in
+    today's shape never makes a thread that was valid unreadable.
+    """
+    meta = _meta(limits, summary, pins_json, notes_json, last)
+    checked = summary if migration.stored_format(summary) == migration.TEXT_FORMAT else meta[0].render()
+    stored_state_schema(limits).load({"messages": [], "summary": checked, "pins": json.loads(pins_json),
                                       "notes": json.loads(notes_json), "lastCompactedAt": last})
-    return _meta(limits, summary, pins_json, notes_json, last)
+    return meta
 
 
 def _meta(limits: MemoryLimits, summary: str, pins_json: str, notes_json: str, last: str | None):
-    """``(summary, pins, notes, lastCompactedAt)`` of a stored hash, without checks.
+    """``(record, pins, notes, lastCompactedAt)`` of a stored hash, without the schema's checks.
 
-    Pins a model wrote before notes existed (``by="model"``) are returned as notes, after the
-    stored notes, within ``limits.notes_max``.
+    The record is read by ``app.memory.migration`` (any stored shape).  Pins a model wrote before notes
+    existed (``by="model"``) are returned as notes, after the stored notes, within ``limits.notes_max``.
+
+    Raises:
+        ValueError: the record is not of a shape any version wrote, or of a newer one
+            (``migration.read_record``).
     """
     pins, notes = json.loads(pins_json), json.loads(notes_json)
     person = tuple(Pin(p["text"], p["by"]) for p in pins if p["by"] == PINNED_BY_PERSON)
     legacy = [p["text"] for p in pins if p["by"] != PINNED_BY_PERSON]
-    return summary, person, tuple([*notes, *legacy][-limits.notes_max:]) if legacy else tuple(notes), last
+    record = migration.read_record(summary)
+    return record, person, tuple([*notes, *legacy][-limits.notes_max:]) if legacy else tuple(notes), last
 
 
 class ThreadStore:
@@ -290,13 +304,13 @@ class ThreadStore:
                     raw.get("lastCompactedAt"))
             if self.validate_reads:
                 parsed = tuple(_checked_message(m) for m in messages)
-                summary, pins, notes, last = _checked_meta(*meta)
+                record, pins, notes, last = _checked_meta(*meta)
             else:
                 parsed = tuple(ThreadMessage.from_dict(m) for m in messages)
-                summary, pins, notes, last = _meta(*meta)
+                record, pins, notes, last = _meta(*meta)
         except (ValueError, TypeError, KeyError, AttributeError, RecursionError, ValidationError) as exc:
             raise CorruptState(f"{type(exc).__name__}: {exc}"[:300]) from None
-        return ThreadState(messages=parsed, summary=summary, pins=pins, last_compacted_at=last,
+        return ThreadState(messages=parsed, record=record, pins=pins, last_compacted_at=last,
                            version=version, gen=gen, notes=notes, cleared=cleared,
                            folded_turns=folded)
 
@@ -407,11 +421,12 @@ class ThreadStore:
         return int(version)
 
     @_guard
-    def apply_compaction(self, thread_id: str, *, expected_gen: int, folded_ids: list[str], summary: str,
+    def apply_compaction(self, thread_id: str, *, expected_gen: int, folded_ids: list[str], record: Record,
                          notes: list[str], compacted_at: str) -> CompactionCommit:
         """Compare-and-set a compaction result (see ``lua/apply_compaction.lua``).
 
-        Writes the summary, the notes and ``lastCompactedAt``, removes the folded messages and
+        Writes the record (as ``summary``, in its stored form: ``Record.to_stored``), the notes and
+        ``lastCompactedAt``, removes the folded messages and
         puts every folded turn in the thread's archive (``app.store.archive``; capped by
         ``limits.archive_max_turns`` and ``limits.archive_max_bytes``, oldest out); the person's
         pins are never written by a compaction.
@@ -423,7 +438,8 @@ class ThreadStore:
         try:
             result = self._write(
                 self._apply, keys.ttl_keys(),
-                [str(expected_gen), _dumps(list(folded_ids)), summary, _dumps(list(notes)), compacted_at, self.ttl,
+                [str(expected_gen), _dumps(list(folded_ids)), record.to_stored(), _dumps(list(notes)), compacted_at,
+                 self.ttl,
                  self.limits.archive_max_turns, self.limits.archive_max_bytes],
             )
         except Unsettled as exc:
@@ -434,15 +450,17 @@ class ThreadStore:
         return CompactionCommit(Outcome.STALE, detail=reason_of(str(result[1])))
 
     @_guard
-    def apply_refinement(self, thread_id: str, *, expected_gen: int, refined_turns: int, summary: str,
+    def apply_refinement(self, thread_id: str, *, expected_gen: int, refined_turns: int, record: Record,
                          notes: list[str]) -> CompactionCommit:
-        """Compare-and-set the model's part of a compaction (``lua/apply_refinement.lua``): summary, notes and
-        ``rf`` = ``refined_turns`` when the generation is still ``expected_gen``; else ``stale``.
+        """Compare-and-set the model's part of a compaction (``lua/apply_refinement.lua``): the record (as
+        ``summary``, ``Record.to_stored``), notes and ``rf`` = ``refined_turns`` when the generation is still
+        ``expected_gen``; else ``stale``.
 
         Raises:
             StoreUnavailable: Redis failed, or the reply was lost and the read-back failed too.
         """
         keys = ThreadKeys(thread_id)
+        summary = record.to_stored()
         try:
             result = self._write(self._refine, keys.ttl_keys(),
                                  [str(expected_gen), int(refined_turns), summary, _dumps(list(notes)), self.ttl])

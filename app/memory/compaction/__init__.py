@@ -5,7 +5,7 @@ No Flask, Redis, Celery or openai here (``app.compaction`` does the I/O):
 - ``policy``: when a compaction is due, which whole turns it folds, the token caps.
 - ``forms``: which of a person's sentences the record keeps, by form (English and Chinese).
 - ``facts``: the fact guard's reader (English and Chinese) and checks (a gist invents nothing; figures).
-- ``record``: the summary as a record of numbered statements, appended per fold and fitted to its limits.
+- ``record``: which numbered statements the record keeps, appended per fold and fitted to its limits.
 - ``notes``: the model's proposed decisions, kept as notes only when grounded.
 - ``prompt``: the model's prompt (only the folded turns; a short gist and proposals back).
 - ``answer``: the model's answer, validated.
@@ -21,7 +21,6 @@ from app.memory.compaction.policy import (CompactionPlan, compaction_due, hard_c
                                           plan_compaction, summary_token_cap, uncompacted_tokens)
 from app.memory.compaction.prompt import (MAX_OUTPUT_TOKENS, PromptTooLong, build_compaction_prompt,
                                           fixed_prompt_tokens, gist_chars)
-from app.memory.compaction.record import parse_record
 
 __all__ = [
     "AnswerProblem", "Strategy",
@@ -29,6 +28,6 @@ __all__ = [
     "InvalidCompactionOutput", "NoGain", "PromptTooLong", "build_compaction_prompt",
     "check_facts", "compaction_due", "compose", "extract_facts", "fact_present", "facts_of",
     "fixed_prompt_tokens", "gist_chars", "hard_cap_messages", "memory_cost", "messages_cost", "normalize_pin",
-    "notes_token_cap", "parse_record", "plan_compaction", "states_decision", "summary_token_cap",
+    "notes_token_cap", "plan_compaction", "states_decision", "summary_token_cap",
     "uncompacted_tokens", "validate_answer",
 ]

@@ -39,7 +39,7 @@ from app.memory.compaction.facts import extract_facts, fact_present, facts_of, u
 from app.memory.compaction.notes import grounding, merge_notes, normalize_pin
 from app.memory.compaction.policy import GAIN_SHARE, CompactionPlan, notes_token_cap, summary_token_cap
 from app.memory.compaction.record import ABOUT, ASKED, ASSISTANT, PERSON, TOLD, Record, RecordLine, asked_line, asks, \
-    fit_record, mark_replaced, parse_record, sentences, statement_lines
+    fit_record, mark_replaced, sentences, statement_lines
 from app.memory.context import format_pins, format_summary
 from app.memory.state import ThreadMessage, ThreadState, group_turns, number_turns
 from app.memory.text import fold
@@ -73,7 +73,7 @@ class CompactionResult:
     """What a compaction writes, and its figures (for the history, the event and the log).
 
     Attributes:
-        summary: the new summary (the rendered record), within its character and token limits.
+        record: the new record, within its character and token limits (rendered: ``summary``).
         notes: the model notes after the compaction, oldest first.
         strategy: ``llm`` (with the model's gist and notes) or ``extractive``.
         tokens_before: memory before (summary, notes, pins and every stored message), in prompt tokens.
@@ -94,7 +94,7 @@ class CompactionResult:
             model's gist and notes may add to this result), in tokens.
     """
 
-    summary: str
+    record: Record
     notes: tuple[str, ...]
     strategy: Strategy
     tokens_before: int
@@ -111,6 +111,11 @@ class CompactionResult:
     policy_steps: tuple[str, ...] = ()
     unread_share: float = 0.0
     room_tokens: int = 0
+
+    @property
+    def summary(self) -> str:
+        """The new record as text (``Record.render``)."""
+        return self.record.render()
 
     @property
     def retention(self) -> float:
@@ -167,9 +172,9 @@ def _line_key(line: RecordLine) -> tuple[str, str]:
     return line.kind, normalize_pin(line.text)
 
 
-def memory_cost(summary: str, notes: Sequence[str], pins: Sequence[str], counter: TokenCounter) -> int:
-    """Prompt tokens of the record message (summary and notes) and the pins message."""
-    cost = counter.message("system", format_summary(summary, notes)) if summary or notes else 0
+def memory_cost(record: Record, notes: Sequence[str], pins: Sequence[str], counter: TokenCounter) -> int:
+    """Prompt tokens of the record message (the record and notes) and the pins message."""
+    cost = counter.message("system", format_summary(record, notes)) if record.lines or notes else 0
     return cost + (counter.message("system", format_pins(list(pins))) if pins else 0)
 
 
@@ -210,7 +215,7 @@ def compose(state: ThreadState, plan: CompactionPlan, answer: CompactionAnswer |
     if answer is not None:
         _check_gist(answer.summary, folded_texts, person_said, [state.summary, *state.notes, *pins])
 
-    old = parse_record(state.summary)
+    old = state.record
     # Facts are read from the statements, never the header nor the model's About: lines (whose facts are
     # grounded in the statements, so counting them would count a fact twice).
     old_texts = [line.text for line in old.lines if line.kind not in (ABOUT, ASKED)]
@@ -247,9 +252,9 @@ def compose(state: ThreadState, plan: CompactionPlan, answer: CompactionAnswer |
                                 counter=counter, reference_text=reference)
 
     folded_cost = messages_cost(plan.folded, counter)
-    before_memory = memory_cost(state.summary, state.notes, pins, counter)
+    before_memory = memory_cost(state.record, state.notes, pins, counter)
     allowed = before_memory + folded_cost - GAIN_SHARE * folded_cost
-    after_memory = memory_cost(fitted.render(), merged.notes, pins, counter)
+    after_memory = memory_cost(fitted, merged.notes, pins, counter)
     if require_gain and after_memory > allowed:
         if answer is not None:
             raise InvalidCompactionOutput(AnswerProblem.GROWTH, [
@@ -261,9 +266,8 @@ def compose(state: ThreadState, plan: CompactionPlan, answer: CompactionAnswer |
             max_tokens = max_tokens - max(int(after_memory - allowed), 8)
             fitted, report = fit_record(record, max_chars=limits.summary_max_chars, max_tokens=max(max_tokens, 0),
                                         counter=counter, reference_text=reference)
-            after_memory = memory_cost(fitted.render(), merged.notes, pins, counter)
+            after_memory = memory_cost(fitted, merged.notes, pins, counter)
 
-    summary = fitted.render()
     # What the fold added is guarded (the record keeps it, or the policy reports letting it go); which of
     # the person's sentences enter the record is decided by their form (``record.statement_sentences``).
     person_texts = [line.text for line in new_lines if line.kind == PERSON]
@@ -278,7 +282,7 @@ def compose(state: ThreadState, plan: CompactionPlan, answer: CompactionAnswer |
         raise FactGuardFailure(f"{len(accidental)} guarded facts missing without the policy letting them go")
     kept = sum(1 for f in checked if fact_present(f, present))
     return CompactionResult(
-        summary=summary,
+        record=fitted,
         notes=merged.notes,
         strategy=Strategy.LLM if answer is not None else Strategy.EXTRACTIVE,
         tokens_before=before_memory + messages_cost(state.messages, counter),
@@ -306,4 +310,4 @@ def _without_asked_cost(fitted: Record, new_lines: Sequence[RecordLine], notes, 
     if not asked:
         return cost
     lines = tuple(line for line in fitted.lines if id(line) not in asked) + (RecordLine(ABOUT, ""),)
-    return memory_cost(Record(fitted.first_turn, fitted.last_turn, lines).render(), notes, pins, counter)
+    return memory_cost(Record(fitted.first_turn, fitted.last_turn, lines), notes, pins, counter)

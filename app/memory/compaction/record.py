@@ -1,6 +1,7 @@
-"""The summary as a record of the earlier conversation: a header and one line per kept statement.
+"""Which lines the record of the earlier conversation keeps, and how it is fitted to its limits.
 
-A stored summary reads::
+The record is data (``app.memory.record``: ``Record`` and ``RecordLine``, stored as JSON);
+rendered (``Record.render``) it reads::
 
     Statements kept from earlier turns:
     - About: The person introduced themselves and planned a dinner.
@@ -70,21 +71,14 @@ from app.memory.compaction import forms
 from app.memory.compaction.facts import extract_facts, fact_present, states_decision
 from app.memory.compaction.notes import content_units
 from app.memory.recall import tokenize
+from app.memory.record import (ABOUT, ASKED, ASSISTANT, HEADER, LABELS, PERSON, TEXT, TOLD,  # noqa: F401 (re-exported)
+                               Record, RecordLine)
 from app.memory.state import ThreadMessage
 from app.memory.text import CJK_RE, FENCED_CODE_RE, cut_at_word, grapheme_prefix
 from app.memory.tokens import TokenCounter
 
-ABOUT, ASKED, PERSON, ASSISTANT, TOLD, TEXT = "about", "asked", "person", "assistant", "told", "text"
-LABELS = {ABOUT: "About", ASKED: "Asked", PERSON: "Person", ASSISTANT: "Assistant", TOLD: "Told"}
-_KINDS = {label: kind for kind, label in LABELS.items()}
-HEADER = "Statements kept from earlier turns:"
-LEGACY_HEADERS = ("Earlier turns, kept as notes:",)
-"""Headers of records written by earlier versions, read as ``HEADER``."""
-FOOTER = "(turns {first}–{last} of this conversation)"
-_FOOTER_RE = re.compile(r"^\(turns (\d+)[–-](\d+) of this conversation\)$")
 FIT_SHARE = 0.85
 """A record over its limits is cut down to this share of them (room for the next compactions' lines)."""
-_LINE_RE = re.compile(r"^- (About|Asked|Person|Assistant|Told)(?: \(turn (\d+)\))?(?: \[replaced by turn (\d+)\])?: (.*)$")
 ASKED_MAX_CHARS = 80
 """Longest ``Asked:`` line (the opening of a person's message that carried no statement), ``…`` included."""
 _CUT_STRIP = " ,;:，；：、"
@@ -108,85 +102,6 @@ units (and at least one) are in the correction: both speak of the same subject."
 _CLAUSE_SPLIT_RE = re.compile(r"(?<=[,;:，；：、])\s*")
 _MARKDOWN_RE = re.compile(r"^\s*(?:[-*•>]+|\d+[.)]|#+)\s+|\*\*|__")
 _ITEM_RE = re.compile(r"^\s*(?:[-*•]|\d+[.)、]|[一二三四五六七八九十]+[、.])\s*")
-
-
-@dataclass(frozen=True)
-class RecordLine:
-    """One statement of the record.
-
-    Attributes:
-        kind: ``about`` (the model's gist of a fold), ``asked``, ``person``, ``assistant``, ``told``
-            (an answer's sentence the person accepted), or ``text`` (a line of an earlier free-text summary).
-        text: the statement, one line, without its label.
-        turn: the number of the turn it comes from (0: not known, e.g. a line written before lines had numbers).
-        replaced_by: the number of the later turn whose line replaced this one (0: none).
-    """
-
-    kind: str
-    text: str
-    turn: int = 0
-    replaced_by: int = 0
-
-    def render(self) -> str:
-        """``- Person (turn 3): ...``, ``- Person (turn 3) [replaced by turn 7]: ...``, ``- About: ...`` or ``- ...``."""
-        label = LABELS.get(self.kind)
-        if not label:
-            return f"- {self.text}"
-        number = f" (turn {self.turn})" if self.turn and self.kind != ABOUT else ""
-        replaced = f" [replaced by turn {self.replaced_by}]" if self.replaced_by else ""
-        return f"- {label}{number}{replaced}: {self.text}"
-
-
-@dataclass(frozen=True)
-class Record:
-    """A parsed summary: the turn range it covers and its lines, oldest first.
-
-    Attributes:
-        first_turn: number of the first folded turn (1 once anything was folded, 0 for none).
-        last_turn: number of the last folded turn.
-        lines: the statements, oldest first.
-    """
-
-    first_turn: int = 0
-    last_turn: int = 0
-    lines: tuple[RecordLine, ...] = ()
-
-    def render(self) -> str:
-        """The summary text ("" for a record without lines): the header, the lines, the turn range."""
-        if not self.lines:
-            return ""
-        footer = FOOTER.format(first=max(self.first_turn, 1), last=max(self.last_turn, 1))
-        return "\n".join([HEADER, *(line.render() for line in self.lines), footer])
-
-
-def parse_record(summary: str) -> Record:
-    """Read a stored summary back into a ``Record`` (lines with or without turn numbers).
-
-    A summary written before records existed (free text) becomes ``text`` lines, one
-    per sentence, covering turns 1 to 1.
-    """
-    lines = [line.strip() for line in summary.strip().split("\n") if line.strip()]
-    if not lines:
-        return Record()
-    first = last = 0
-    if lines[0] == HEADER or lines[0] in LEGACY_HEADERS:
-        lines = lines[1:]
-    footer = _FOOTER_RE.match(lines[-1]) if lines else None
-    if footer:
-        first, last = int(footer.group(1)), int(footer.group(2))
-        lines = lines[:-1]
-    parsed: list[RecordLine] = []
-    for line in lines:
-        labelled = _LINE_RE.match(line)
-        if labelled:
-            kind = _KINDS[labelled.group(1)]
-            parsed.append(RecordLine(kind, labelled.group(4).strip(), int(labelled.group(2) or 0),
-                                     int(labelled.group(3) or 0)))
-        elif line.startswith("- "):
-            parsed.append(RecordLine(TEXT, line[2:].strip()))
-        else:
-            parsed.extend(RecordLine(TEXT, s) for s in sentences(line))
-    return Record(first or 1, last or 1, tuple(line for line in parsed if line.text))
 
 
 # ------------------------------------------------------------------------------------------ sentences
