@@ -16,8 +16,16 @@ Replay, per conversation (the product's own code path, in process)
   parentheses; a shared image is given as ``[shares a photo: <BLIP caption>]`` (as ``bench/replay.py``).
 * Each turn goes as the turn runner does it (``app.chat.turn``): ``Turn.prepare`` (load the state, assemble the
   prompt; its token count is checked against the budget), ``ThreadStore.commit_final_turn``, then
-  ``Services.compaction_requests.after_commit``; the compaction task it publishes is run at once, in process,
-  by ``app.compaction.service.run_compaction`` (the Celery task's body), retries included, until none is due.
+  ``Services.compaction_requests.after_commit``; the fold it publishes is run at once, in process, by
+  ``app.compaction.service.run_compaction`` (the Celery task's body), retries included, until none is due.
+* Refinements (the model's part, README: A compaction) run when the product would run them, by
+  ``app.compaction.service.run_refinement`` (the task's body), retries included: at once when a fold asks for
+  one with its batch due (``COMPACTION_REFINE_AFTER_FOLDS`` folds without one; never with the bundled model),
+  and otherwise at the next pause, when the thread is quiet: before a session's first turn (LoCoMo's sessions
+  are hours or days apart, far more than ``COMPACTION_IDLE_SECONDS``) and after the conversation's last turn.
+  Turns within a session count as typed faster than ``COMPACTION_IDLE_SECONDS`` apart: a pending refinement
+  waits through them, and runs between two of them only once its batch is due.  No turn streams while a
+  refinement runs (the replay is sequential), so the replay marks no activity.
 * Compaction model: with ``--fake`` the replay fake model (``bench/replay.py`` ``ReplayFakeModel`` on
   ``tests/fake_llm.py``; a one-sentence gist and decision-like lines as proposed notes); otherwise
   ``OPENAI_BASE_URL`` / ``COMPACTION_BASE_URL`` when set, else the bundled model (both servers, as
@@ -138,12 +146,14 @@ class PersonTurn:
         person: the person's text as sent (date prefix and photo caption included).
         answer: the committed answer (speaker B's utterances, newline-joined, or ``NO_REPLY``).
         dia_ids: the dataset ids of the utterances this turn holds (A's first).
+        session: the N of the ``session_<N>`` that holds the person's line (a pause comes before a new one).
     """
 
     number: int
     person: str
     answer: str
     dia_ids: tuple[str, ...]
+    session: int = 0
 
 
 @dataclass(frozen=True)
@@ -207,7 +217,7 @@ def build_turns(record: dict) -> tuple[list[PersonTurn], dict[str, int], dict[st
             if utterance.get("speaker") == speaker_a:
                 person = f"({date}) {text}" if first_person and date else text
                 first_person = False
-                turns.append({"person": person, "answers": [], "ids": [dia_id] if dia_id else []})
+                turns.append({"person": person, "answers": [], "ids": [dia_id] if dia_id else [], "session": number})
                 if leading:
                     turns[-1]["answers"] += [t for _, t in leading]
                     turns[-1]["ids"] += [i for i, _ in leading if i]
@@ -220,7 +230,7 @@ def build_turns(record: dict) -> tuple[list[PersonTurn], dict[str, int], dict[st
                 leading.append((dia_id, text))
     out = []
     for n, t in enumerate(turns, 1):
-        out.append(PersonTurn(n, t["person"], "\n".join(t["answers"]) or NO_REPLY, tuple(t["ids"])))
+        out.append(PersonTurn(n, t["person"], "\n".join(t["answers"]) or NO_REPLY, tuple(t["ids"]), t["session"]))
         for dia_id in t["ids"]:
             dia_turn[dia_id] = n
     return out, dia_turn, dia_text
@@ -513,6 +523,7 @@ class Bench:
         self.model_desc = ""
         self.env: dict[str, str] = {}
         self.queue: list[tuple[str, int]] = []
+        self.refinements: list[tuple[str, int, float]] = []  # (thread id, token, countdown s) the folds asked for
 
     def start(self) -> "Bench":
         from bench.replay import System
@@ -578,6 +589,7 @@ class ConversationRun:
     dropped_ids: int = 0
     seconds: float = 0.0
     compactions: Counter = field(default_factory=Counter)
+    refinements: Counter = field(default_factory=Counter)
     turn_prompt_max: int = 0
     turn_prompts_over: int = 0
     full_tokens: int = 0
@@ -585,15 +597,20 @@ class ConversationRun:
 
 
 def run_compactions(bench: Bench, services, counts: Counter) -> None:
-    """Run every compaction task the requests published, as the worker would (retries at once)."""
+    """Run every fold task the requests published, as the worker would (retries at once); the refinements an
+    applied fold asks for go to ``bench.refinements`` (``run_refinements`` runs them)."""
     from app.compaction.service import run_compaction
 
     max_retries = services.settings.compaction_max_retries
+
+    def send_refine(thread_id: str, token: int, countdown: float) -> None:
+        bench.refinements.append((thread_id, token, countdown))
+
     while bench.queue:
         thread_id, version = bench.queue.pop(0)
         attempt = 0
         while True:
-            outcome = run_compaction(services, thread_id, version, attempt=attempt)
+            outcome = run_compaction(services, thread_id, version, attempt=attempt, send_refine=send_refine)
             counts[outcome.outcome] += 1
             if outcome.entry and outcome.outcome == "applied" and \
                     outcome.entry.get("tokensAfter", 0) >= outcome.entry.get("tokensBefore", 0):
@@ -601,6 +618,39 @@ def run_compactions(bench: Bench, services, counts: Counter) -> None:
             if outcome.retry_in is None or attempt >= max_retries:
                 break
             attempt += 1
+
+
+def run_refinements(bench: Bench, services, counts: Counter, *, quiet: bool) -> None:
+    """Run the refinements the folds asked for that the product would run now (module docstring: Replay).
+
+    ``quiet``: a pause (the thread has had no turn for ``COMPACTION_IDLE_SECONDS``): every pending refinement
+    runs.  Otherwise (between two turns of a session) one runs when it was published without a countdown or its
+    batch is due now (``COMPACTION_REFINE_AFTER_FOLDS`` folds without one; never with the bundled model); the
+    others stay pending.  Retries run at once; a refinement that has to wait (a stale one waits for quiet again)
+    stays pending.  ``counts`` gets each attempt's outcome.
+    """
+    from app.compaction.service import run_refinement
+
+    settings = services.settings
+    pending = []
+    for thread_id, token, countdown in bench.refinements:
+        due = quiet or countdown <= 0
+        if not due and not settings.bundled_model:
+            status = services.store.refine_status(thread_id)
+            due = status.unrefined_folds >= settings.compaction_refine_after_folds
+        if not due:
+            pending.append((thread_id, token, countdown))
+            continue
+        attempt = 0
+        while True:
+            outcome = run_refinement(services, thread_id, token, attempt=attempt)
+            counts[outcome.outcome] += 1
+            if outcome.retry_in is None or attempt >= settings.compaction_max_retries:
+                break
+            attempt += 1
+        if outcome.reschedule_in is not None:
+            pending.append((thread_id, token, outcome.reschedule_in))
+    bench.refinements = pending
 
 
 def replay(bench: Bench, services, record: dict, *, progress_every: int = 100) -> tuple[str, list[PersonTurn], dict,
@@ -614,9 +664,13 @@ def replay(bench: Bench, services, record: dict, *, progress_every: int = 100) -
     transcript = Transcript(counter, settings.system_prompt)
     thread_id = "chat:" + secrets.token_hex(32)
     started = time.monotonic()
+    session = turns[0].session if turns else 0
     for turn in turns:
         from app.chat.turn import Turn
 
+        if turn.session != session:  # a pause between two sessions: the thread is quiet
+            run_refinements(bench, services, run.refinements, quiet=True)
+            session = turn.session
         live = Turn(services, None, thread_id, turn.person, None)
         context = live.prepare()
         tokens = counter.prompt(context.to_openai())
@@ -631,9 +685,12 @@ def replay(bench: Bench, services, record: dict, *, progress_every: int = 100) -
             services.compaction_requests.after_commit(thread_id, message_count=commit.message_count,
                                                       uncompacted_tokens=uncompacted, version=commit.version)
         run_compactions(bench, services, run.compactions)
+        run_refinements(bench, services, run.refinements, quiet=False)
         if progress_every and turn.number % progress_every == 0:
             say(f"locomo: {run.sample_id} turn {turn.number}/{len(turns)}, "
-                f"{run.compactions['applied']} compactions applied, {time.monotonic() - started:.0f} s")
+                f"{run.compactions['applied']} folds and {run.refinements['applied']} refinements applied, "
+                f"{time.monotonic() - started:.0f} s")
+    run_refinements(bench, services, run.refinements, quiet=True)  # the thread is quiet before the questions
     run.seconds = round(time.monotonic() - started, 1)
     return thread_id, turns, dia_turn, dia_text, transcript, run
 
@@ -838,14 +895,18 @@ def write_report(out: Path, results: dict) -> str:
         str(s[n].get("over_budget", "– (reference)")) for n in CONTEXTS) + " |")
     lines += ["", "How evidence turns reached the prompt: " + "; ".join(
         f"{CONTEXT_NAMES[n]}: " + ", ".join(f"{k} {v}" for k, v in sorted(s[n]["how"].items())) for n in CONTEXTS), ""]
-    lines += ["| conversation | turns | questions | this project | recall off | sliding | compactions applied / "
-              "failed / skipped / stale / grew | replay s | max turn prompt |", "|---|---|---|---|---|---|---|---|---|"]
+    lines += ["| conversation | turns | questions | this project | recall off | sliding | folds applied / "
+              "failed / skipped / stale / grew | refinements applied / failed / skipped / stale | replay s | "
+              "max turn prompt |", "|---|---|---|---|---|---|---|---|---|---|"]
     for c in results["conversations"]:
         lines.append(f"| {c['sample_id']} | {c['turns']} | {c['questions']} | {pct(c['reached']['product'])} | "
                      f"{pct(c['reached']['record'])} | {pct(c['reached']['sliding'])} | "
                      f"{c['compactions'].get('applied', 0)} / {c['compactions'].get('failed', 0)} / "
                      f"{c['compactions'].get('skipped', 0)} / {c['compactions'].get('stale', 0)} / "
-                     f"{c['compactions'].get('grew', 0)} | {c['seconds']} | {c['turn_prompt_max']} |")
+                     f"{c['compactions'].get('grew', 0)} | "
+                     + " / ".join(str(c.get("refinements", {}).get(k, 0)) for k in ("applied", "failed", "skipped",
+                                                                                    "stale"))
+                     + f" | {c['seconds']} | {c['turn_prompt_max']} |")
     checks = results["checks"]
     lines += ["", f"Budget: {checks['turn_prompts_over']} replay-turn prompts and "
               f"{checks['question_prompts_over']} question prompts over {results['budget']} tokens; "
@@ -941,6 +1002,7 @@ def main(argv: list[str] | None = None) -> int:
             "checks": checks,
             "conversations": [{"sample_id": r.sample_id, "turns": r.turns, "questions": r.questions,
                                "seconds": r.seconds, "compactions": dict(r.compactions),
+                               "refinements": dict(r.refinements),
                                "turn_prompt_max": r.turn_prompt_max, "full_tokens": r.full_tokens,
                                "reached": {n: rate(x["reached"][n] for x in r.rows) for n in CONTEXTS}}
                               for r in runs],

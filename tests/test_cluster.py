@@ -1,10 +1,10 @@
 """Memory on a real Redis Cluster (3 masters, 3 replicas) with RabbitMQ as the broker (README: Scale-out).
 
 The storage cases that matter for a cluster, run on it: every key of a thread in one slot, a turn
-committed once, dedupe, the compaction compare-and-set with a turn committed mid-compaction, a clear
-during compaction, the TTL of every key, events through sharded pub/sub to an open socket, and
-``MEMORY_WAIT_REPLICAS``.  A real embedded Celery worker consumes RabbitMQ's quorum queue; the app is
-served for real; the fake LLM is a real HTTP server.
+committed once, dedupe, the compare-and-sets with a turn committed while a refinement's model call is in
+flight (the fold it asks for runs after it), a clear during a refinement, the TTL of every key, events
+through sharded pub/sub to an open socket, and ``MEMORY_WAIT_REPLICAS``.  A real embedded Celery worker
+consumes RabbitMQ's quorum queue; the app is served for real; the fake LLM is a real HTTP server.
 """
 
 from __future__ import annotations
@@ -22,12 +22,13 @@ from app.store.redis_client import ClusterClient, ClusterUnavailable, make_redis
 from app.store.thread_store import StoreUnavailable, ThreadStore
 from scripts.cluster import free_cluster_ports
 from tests.fake_llm import Reply
-from tests.fixtures.celery_worker import (NUMBERS_ANSWER, commit_turn, folded_section, history, message_ids, record,
-                                          rendered, seed_turns, thread_id_for, turn_ids, wait_until)
+from tests.fixtures.celery_worker import (NUMBERS_ANSWER, asked, commit_turn, folded_section, history, message_ids,
+                                          record, rendered, seed_turns, thread_id_for, turn_ids, wait_no_refinement,
+                                          wait_until)
 from tests.fixtures.live_app import ChatClient
 
 ANSWER = NUMBERS_ANSWER
-SUMMARY = record(1, 2, "- About: " + ANSWER["summary"])
+SUMMARY = record(1, 2, asked(1), asked(2), "- About: " + ANSWER["summary"])
 
 
 @pytest.fixture
@@ -41,6 +42,15 @@ def cluster_store(cluster_settings):
 def cluster_rig(make_compaction_rig, cluster_settings):
     return make_compaction_rig(redis_url=cluster_settings.redis_url, redis_cluster=True,
                                celery_broker_url=cluster_settings.celery_broker_url)
+
+
+@pytest.fixture
+def refining_rig(make_compaction_rig, cluster_settings):
+    """The cluster rig with a refinement right after every fold (``COMPACTION_REFINE_AFTER_FOLDS=1``), and one
+    that has to wait for quiet again (a stale one) waiting a second (``COMPACTION_IDLE_SECONDS=1``)."""
+    return make_compaction_rig(redis_url=cluster_settings.redis_url, redis_cluster=True,
+                               celery_broker_url=cluster_settings.celery_broker_url,
+                               compaction_refine_after_folds=1, compaction_idle_seconds=1)
 
 
 def test_every_key_of_a_thread_is_in_one_slot_and_threads_spread_over_the_masters(cluster_store, redis_cluster):
@@ -83,58 +93,79 @@ def test_a_repeated_client_message_id_over_the_websocket_adds_nothing(make_live_
     assert thread["messages"][0]["id"] == "client-1"
 
 
-def test_a_turn_committed_during_compaction_is_kept_exactly_once(cluster_rig, fake_llm):
-    rig = cluster_rig
+def test_a_turn_committed_during_compaction_is_kept_exactly_once(refining_rig, fake_llm):
+    rig = refining_rig
     gate = threading.Event()
     calls = []
 
     def model(body):
         calls.append(folded_section(body))
         if len(calls) == 1:
-            time.sleep(1.5)  # the compaction's model call is in flight while turn 7 commits
+            time.sleep(1.5)  # the refinement's model call is in flight while turn 7 commits
             return ANSWER
         gate.wait(10)
-        return {"summary": "They chatted about the numbers one to three.", "pinnedDecisions": []}
+        return {"summary": "They chatted about the number three.", "pinnedDecisions": []}
 
     fake_llm.add_rule(model, structured=True)
     rig.worker()
     tid = thread_id_for("cluster b2")
     rig.events.watch(tid)
-    assert rig.request(tid, seed_turns(rig.store, tid, 6))
+    assert rig.request(tid, seed_turns(rig.store, tid, 6))  # the fold of turns 1-2, then its refinement
     fake_llm.wait_for_requests(1, "structured", timeout=20)
+    assert [(e["outcome"], e["step"]) for e in history(rig.client, tid)] == [("applied", "fold")]
     seventh = commit_turn(rig.store, tid, 7)
-    assert seventh.appended and rig.request(tid, seventh) is False  # one compaction pending
-    rig.wait_outcome(tid, "applied", timeout=20)
-    state = rig.store.load(tid)
-    assert message_ids(state) == ["u3", "a3", "u4", "a4", "u5", "a5", "u6", "a6", "u7", "a7"]
-    assert state.summary == SUMMARY and calls[0] == rendered([1, 2])
+    # the fold turn 7 makes due is asked for at once (a refinement never holds the folds back); the one worker
+    # runs it after the refinement
+    assert seventh.appended and rig.request(tid, seventh) is True
+    assert rig.request(tid, seventh) is False  # one fold pending
+    rig.wait_outcome(tid, "applied", count=3, timeout=20)  # the refinement, then the fold of turn 3
+    fake_llm.wait_for_requests(2, "structured", timeout=20)  # and the fold's refinement, held at the gate
+    # The refinement applied with turn 7 committed meanwhile (it compares the generation, which a commit leaves
+    # as it is, and writes the summary only); then the fold read turn 7 and kept it.
+    assert [(e["outcome"], e["step"]) for e in history(rig.client, tid)] == [
+        ("applied", "fold"), ("applied", "refine"), ("applied", "fold")]
+    folded = rig.store.load(tid)
+    assert message_ids(folded) == turn_ids(4, 7) and message_ids(folded).count("u7") == 1
+    assert folded.summary == record(1, 3, *SUMMARY.splitlines()[1:-1], asked(3))
+    assert calls == [rendered([1, 2]), rendered([3])]
     gate.set()
-    rig.wait_outcome(tid, "applied", count=2, timeout=20)
-    rig.wait_idle(tid)
+    rig.wait_outcome(tid, "applied", count=4, timeout=20)
+    wait_no_refinement(rig, tid)
     final = rig.store.load(tid)
     assert message_ids(final) == turn_ids(4, 7) and message_ids(final).count("u7") == 1
-    assert calls[1] == rendered([3])
-    # both compactions told the watching subscriber, through the thread's shard channel
-    assert rig.events.wait_statuses(tid, 4) == ["started", "succeeded", "started", "succeeded"]
+    assert final.summary == record(1, 3, *folded.summary.splitlines()[1:-1],
+                                   "- About: They chatted about the number three.")
+    assert len(calls) == 2
+    assert [(e["outcome"], e["step"]) for e in history(rig.client, tid)] == [
+        ("applied", "refine"), ("applied", "fold"), ("applied", "refine"), ("applied", "fold")]
+    # every step told the watching subscriber, through the thread's shard channel
+    events = rig.events.wait_statuses(tid, 6)
+    assert [(e["status"], e["step"]) for e in rig.events.for_thread(tid)] == [
+        ("succeeded", "fold"), ("started", "refine"), ("succeeded", "refine"),
+        ("succeeded", "fold"), ("started", "refine"), ("succeeded", "refine")] and len(events) == 6
 
 
-def test_a_clear_during_compaction_leaves_the_thread_empty(cluster_rig, fake_llm):
-    rig = cluster_rig
+def test_a_clear_during_compaction_leaves_the_thread_empty(refining_rig, fake_llm):
+    rig = refining_rig
     fake_llm.add_rule(Reply(json=ANSWER, delay=1.5), structured=True)
     rig.worker()
     tid = thread_id_for("cluster clear")
-    assert rig.request(tid, seed_turns(rig.store, tid, 6))
-    fake_llm.wait_for_requests(1, "structured", timeout=20)
+    assert rig.request(tid, seed_turns(rig.store, tid, 6))  # the fold of turns 1-2, then its refinement
+    fake_llm.wait_for_requests(1, "structured", timeout=20)  # the refinement's model call is in flight
     rig.store.clear(tid)
-    [entry] = rig.wait_outcome(tid, "stale", timeout=20)
-    rig.wait_idle(tid)
+    [entry] = rig.wait_outcome(tid, "stale", timeout=20)  # the clear took the fold's history with it
+    # the discarded refinement waits for quiet again, then finds nothing to refine: no second model call
+    wait_no_refinement(rig, tid)
     state = rig.store.load(tid)
-    assert (state.messages, state.summary, state.notes, entry["reason"]) == ((), "", (), "generation")
+    assert (state.messages, state.summary, state.notes, state.folded_turns) == ((), "", (), 0)
+    assert (entry["step"], entry["reason"]) == ("refine", "generation")
+    assert [e["outcome"] for e in history(rig.client, tid)] == ["stale"]
+    assert len(fake_llm.chat_requests("structured")) == 1
 
 
 def live_thread(rig, fake_llm, make_live_app):
-    """A worker answering compactions with ``ANSWER``, the app served on the cluster, and a connected socket
-    whose thread holds five seeded turns (the sixth makes it due); returns ``(live app, client, thread id)``."""
+    """A worker answering refinements with ``ANSWER``, the app served on the cluster, and a connected socket
+    whose thread holds five seeded turns (the sixth makes a fold due); returns ``(live app, client, thread id)``."""
     fake_llm.add_rule(Reply(json=ANSWER), structured=True)
     rig.worker()
     live = make_live_app(rig.settings)
@@ -166,9 +197,9 @@ def test_every_key_of_a_thread_carries_the_memory_ttl(cluster_rig, fake_llm, mak
         assert ttl - 60 < rig.client.ttl(key) <= ttl, key
 
 
-def test_a_socket_gets_the_compaction_events_from_the_master_of_its_thread(cluster_rig, fake_llm, make_live_app,
+def test_a_socket_gets_the_compaction_events_from_the_master_of_its_thread(refining_rig, fake_llm, make_live_app,
                                                                           redis_cluster):
-    rig = cluster_rig
+    rig = refining_rig
     live, browser, tid = live_thread(rig, fake_llm, make_live_app)
     try:
         hub = wait_until(lambda: live.app.extensions.get("chat_events"), 10, message="the socket's event hub")
@@ -181,12 +212,15 @@ def test_a_socket_gets_the_compaction_events_from_the_master_of_its_thread(clust
             node.close()
             assert (name, count) == (channel, 1 if master.port == owner.port else 0), master.port
         browser.send({"type": "message", "id": "u6", "text": "the sixth turn"})
-        frames = browser.recv_until(lambda f: f["type"] == "memory" and f["status"] == "succeeded", timeout=30)
+        frames = browser.recv_until(lambda f: f["type"] == "memory" and f["status"] == "succeeded"
+                                    and f["step"] == "refine", timeout=30)
     finally:
         browser.close()
-    memory = [f["status"] for f in frames if f["type"] == "memory"]
-    assert memory == ["started", "succeeded"]
+    memory = [(f["status"], f["step"]) for f in frames if f["type"] == "memory"]
+    assert memory == [("succeeded", "fold"), ("started", "refine"), ("succeeded", "refine")]
     assert [f["type"] for f in frames].count("done") == 1
+    assert frames.index(next(f for f in frames if f["type"] == "done")) < frames.index(
+        next(f for f in frames if f["type"] == "memory"))  # the fold is asked for once the done is sent
 
 
 def test_wait_replicas_holds_the_answer_until_a_replica_has_the_write(cluster_settings, redis_cluster):

@@ -4,7 +4,8 @@
 real and a real Celery worker.  Neither is restarted: while the slot has no master a turn degrades
 as it does with a single Redis down (the answer streams, nothing is stored, hydration is empty), a
 thread on another master carries on, and once the replica has taken over the same processes commit,
-compact and deliver the compaction's events again.
+fold and refine (``COMPACTION_REFINE_AFTER_FOLDS=1``: a refinement right after each fold) and deliver the
+events of both again.
 
 Redis replicates asynchronously (README: Scale-out).  To make "acknowledged just before the kill" a
 fact rather than a race, the replica of the thread's master is paused and its replication link cut
@@ -25,7 +26,8 @@ import websocket
 from app.store.keys import ThreadKeys
 from scripts.cluster import ClusterError
 from tests.fake_llm import Reply
-from tests.fixtures.celery_worker import ANSWER_TAIL, history, user_text, wait_until
+from tests.fixtures.celery_worker import (ANSWER_TAIL, asked, history, record, user_text, wait_no_refinement,
+                                          wait_until)
 from tests.fixtures.live_app import ChatClient, answer_text
 
 ANSWER = {"summary": "They talked about small things.", "pinnedDecisions": []}
@@ -57,7 +59,8 @@ def failover(make_compaction_rig, make_live_app, cluster_settings, fake_llm, red
 
     def make(**overrides):
         rig = make_compaction_rig(redis_url=cluster_settings.redis_url, redis_cluster=True,
-                                  celery_broker_url=cluster_settings.celery_broker_url, **overrides)
+                                  celery_broker_url=cluster_settings.celery_broker_url,
+                                  compaction_refine_after_folds=1, **overrides)
         fake_llm.default = Reply(text=REPLY)
         fake_llm.add_rule(Reply(json=ANSWER), structured=True)
         rig.worker()
@@ -126,15 +129,21 @@ def degrade_then_recover(rig, live, browser, tid, master, replica, redis_cluster
     redis_cluster.wait_ready(timeout=60)
     # The same web process commits again, by itself.
     assert done(browser.turn(said(6), message_id="m6", timeout=30))["status"] == "completed"
-    rig.wait_quiet(tid)  # a compaction turn 6 may have asked for is over
-    # The same worker compacts again, and the socket hears of it from the new master.
+    wait_no_refinement(rig, tid)  # a fold turn 6 may have asked for, and its refinement, are over
+    # The same worker folds and refines again, and the socket hears of both from the new master.
     hub = live.app.extensions["chat_events"]
     assert hub.subscribed.wait(30), "the web process did not subscribe on the new master"
+    seen = len(history(rig.client, tid))
     browser.send({"type": "message", "id": "m7", "text": said(7)})
-    frames = browser.recv_until(lambda f: f["type"] == "memory" and f["status"] == "succeeded", timeout=30)
-    assert [f["status"] for f in frames if f["type"] == "memory"] == ["started", "succeeded"]
-    rig.wait_quiet(tid)
-    assert history(rig.client, tid)[0]["outcome"] == "applied"
+    frames = browser.recv_until(lambda f: f["type"] == "done", timeout=30)
+    frames = browser.recv_until(lambda f: f["type"] == "memory" and f["status"] == "succeeded"
+                                and f["step"] == "refine", timeout=30)  # turn 7's, sent after its done
+    assert [(f["status"], f["step"]) for f in frames if f["type"] == "memory"] == [
+        ("succeeded", "fold"), ("started", "refine"), ("succeeded", "refine")]
+    wait_no_refinement(rig, tid)
+    assert [(e["outcome"], e["step"]) for e in history(rig.client, tid)][:2] == [("applied", "refine"),
+                                                                                 ("applied", "fold")]
+    assert len(history(rig.client, tid)) == seen + 2
 
 
 def test_without_wait_a_turn_acknowledged_just_before_the_kill_is_lost(failover, redis_cluster):
@@ -150,10 +159,9 @@ def test_without_wait_a_turn_acknowledged_just_before_the_kill_is_lost(failover,
     state = rig.store.load(tid)
     kept = [m.text for m in state.messages if m.role == "user"]
     # turn 4 was acknowledged but never replicated: the failover lost it; the outage turn was never
-    # stored; everything else is there once (turn 1 folded by the compaction after turn 7)
+    # stored; everything else is there once (turn 1 folded after turn 7, then refined)
     assert kept == [said(n) for n in (2, 3, 6, 7)]
-    assert state.summary == ("Statements kept from earlier turns:\n- About: " + ANSWER["summary"]
-                             + "\n(turns 1–1 of this conversation)")
+    assert state.summary == record(1, 1, asked(1), "- About: " + ANSWER["summary"])
 
 
 def test_with_wait_replicas_the_turn_acknowledged_before_the_kill_survives(failover, redis_cluster):

@@ -4,15 +4,17 @@ Each process is the Procfile's own command (``bash -c``, production environment)
 gunicorn masters on two ports and two ``worker`` Celery processes, all with ``REDIS_CLUSTER=1``
 and ``CELERY_BROKER_URL`` naming RabbitMQ.  A person chats on one web process, the socket
 reconnects to the other (as after a deploy or a load balancer's choice), and continues the same
-thread there: a repeated message adds nothing, the compaction that the next turn asks for runs on
-one of the two workers exactly once, and its events reach the socket on the second web process.
-Then the worker running the next compaction is killed (SIGKILL): RabbitMQ hands the unacknowledged
-task to the other worker at once, which applies it once.
+thread there: a repeated message adds nothing, the fold that the next turn asks for and the refinement
+that follows it (``COMPACTION_REFINE_AFTER_FOLDS=1``) each run on one of the two workers exactly once, and
+their events reach the socket on the second web process.  Then the worker running the next refinement (the
+step that waits on the model) is killed (SIGKILL): RabbitMQ hands the unacknowledged task to the other
+worker at once, which applies it once.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -29,6 +31,7 @@ from tests.helpers.processes import PROCFILE, ROOT, prod_env, start, stop_group
 from tests.servers import free_ports, wait_http
 
 ANSWER = {"summary": "They talked about small things.", "pinnedDecisions": []}
+SECOND_ANSWER = {"summary": "They talked about the number two.", "pinnedDecisions": []}
 # Long enough that folding one turn leaves room for the model's gist under the gain rule (README: A compaction):
 # with ANSWER_TAIL alone a first fold frees too little, and with two sentences it folds without asking the model.
 REPLY = ("that is a lovely thing to ask about," + ANSWER_TAIL + ". And it is a number that children learn early, "
@@ -59,9 +62,9 @@ def worker(n: int, env: dict, log) -> subprocess.Popen:
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def task_lines(log) -> int:
-    """How many compaction tasks a worker's log says it received."""
-    return log.read_text().count("] received")
+def task_lines(log, name: str = "workers.refine_thread") -> int:
+    """How many tasks ``name`` a worker's log says it received."""
+    return len(re.findall(re.escape(name) + r"\[[0-9a-f-]+\] received", log.read_text()))
 
 
 def consumers(amqp_url: str) -> int:
@@ -78,7 +81,7 @@ def test_a_socket_that_moves_to_the_other_web_process_continues_the_thread(clust
     fake_llm.add_rule(Reply(json=ANSWER), structured=True)
     settings = cluster_settings.with_overrides(openai_base_url=fake_llm.url)
     env = prod_env(settings, REDIS_CLUSTER="1", CELERY_BROKER_URL=settings.celery_broker_url, WEB_CONCURRENCY="1",
-                   WEB_THREADS="8", WORKER_CONCURRENCY="1")
+                   WEB_THREADS="8", WORKER_CONCURRENCY="1", COMPACTION_REFINE_AFTER_FOLDS="1")
     ports = free_ports(2)
     procs = [start("web", {**env, "PORT": str(port)}, tmp_path / f"web-{port}.log") for port in ports]
     procs += [worker(n, env, tmp_path / f"worker-{n}.log") for n in (1, 2)]
@@ -104,12 +107,13 @@ def test_a_socket_that_moves_to_the_other_web_process_continues_the_thread(clust
             assert repeated[-1]["status"] == "completed"
             assert [m["id"] for m in hydrate(second, cookie)["messages"]][::2] == ["m1", "m2", "m3", "m4"]
             moved.send({"type": "message", "id": "m5", "text": user_text(5)})
-            frames = moved.recv_until(lambda f: f["type"] == "memory" and f["status"] == "succeeded", timeout=60)
+            frames = moved.recv_until(lambda f: f["type"] == "memory" and f["status"] == "succeeded"
+                                      and f["step"] == "refine", timeout=60)
         finally:
             moved.close()
         assert answer_text(frames) == REPLY
-        assert [f["status"] for f in frames if f["type"] in ("memory", "done")] == [
-            "completed", "started", "succeeded"]
+        assert [(f["status"], f.get("step")) for f in frames if f["type"] in ("memory", "done")] == [
+            ("completed", None), ("succeeded", "fold"), ("started", "refine"), ("succeeded", "refine")]
 
         body = hydrate(first, cookie)
         assert body == hydrate(second, cookie) and body["threadId"] == thread_id
@@ -120,14 +124,19 @@ def test_a_socket_that_moves_to_the_other_web_process_continues_the_thread(clust
         assert body["summaryPreview"].endswith("(turns 1–1 of this conversation)")
         client = make_redis(settings.redis_url, cluster=True)
         try:
-            wait_until(lambda: not client.exists(ThreadKeys(thread_id).compacting), 30, message="the marker's release")
-            assert [(e["outcome"], e["turnsFolded"]) for e in history(client, thread_id)] == [("applied", 1)]
-            assert len(fake_llm.chat_requests("structured")) == 1  # one worker ran it, once
+            keys = ThreadKeys(thread_id)
+            wait_until(lambda: not client.exists(keys.compacting) and not client.exists(keys.refining), 30,
+                       message="the markers' release")
+            assert [(e["outcome"], e["step"], e.get("turnsFolded", e.get("turnsRefined")))
+                    for e in history(client, thread_id)] == [("applied", "refine", 1), ("applied", "fold", 1)]
+            assert len(fake_llm.chat_requests("structured")) == 1  # one worker ran the refinement, once
 
-            # A worker dies (SIGKILL) in the middle of the next compaction: RabbitMQ hands the
+            # A worker dies (SIGKILL) in the middle of the next refinement: RabbitMQ hands the
             # unacknowledged task to the other worker at once (late acknowledgement, no visibility
             # timeout), which applies it once; the dead worker wrote nothing.
-            fake_llm.enqueue(Reply(json=ANSWER, delay=60), structured=True)
+            fake_llm.clear_rules()  # rules match in insertion order: the one-shot slow reply first
+            fake_llm.enqueue(Reply(json=SECOND_ANSWER, delay=60), structured=True)
+            fake_llm.add_rule(Reply(json=SECOND_ANSWER), structured=True)
             logs = [tmp_path / f"worker-{n}.log" for n in (1, 2)]
             received = [task_lines(log) for log in logs]
             moved = ChatClient(second, session=browser.http).connect()
@@ -137,16 +146,24 @@ def test_a_socket_that_moves_to_the_other_web_process_continues_the_thread(clust
                 moved.close()
             fake_llm.wait_for_requests(2, "structured", timeout=30)
             [busy] = wait_until(lambda: [i for i in (0, 1) if task_lines(logs[i]) > received[i]], 10,
-                                message="the worker that took the task")
+                                message="the worker that took the refinement")
+            folded = hydrate(second, cookie)  # the fold of turn 2 applied before its refinement started
+            summary = client.hget(keys.state, "summary")
+            assert [(e["outcome"], e["step"]) for e in history(client, thread_id)][0] == ("applied", "fold")
             os.killpg(procs[2 + busy].pid, signal.SIGKILL)
-            wait_until(lambda: [e["outcome"] for e in history(client, thread_id)] == ["applied", "applied"], 30,
-                       message="the other worker to apply the redelivered compaction")
-            wait_until(lambda: not client.exists(ThreadKeys(thread_id).compacting), 30, message="the marker's release")
+            wait_until(lambda: [(e["outcome"], e["step"]) for e in history(client, thread_id)] == [
+                ("applied", "refine"), ("applied", "fold"), ("applied", "refine"), ("applied", "fold")], 30,
+                message="the other worker to apply the redelivered refinement")
+            wait_until(lambda: not client.exists(keys.compacting) and not client.exists(keys.refining), 30,
+                       message="the markers' release")
             assert len(fake_llm.chat_requests("structured")) == 3  # the dead worker's call, then the other's
             body = hydrate(second, cookie)
+            assert body["messages"] == folded["messages"]  # the refinement wrote the summary only
+            assert client.hget(keys.state, "summary") == summary.replace(
+                "\n(turns 1–2", "\n- About: " + SECOND_ANSWER["summary"] + "\n(turns 1–2")  # and added its gist
             assert [m["id"] for m in body["messages"]][::2] == ["m3", "m4", "m5", "m6"]
-            assert body["summaryPreview"].startswith("Statements kept from earlier turns:")
-            assert body["summaryPreview"].endswith("(turns 1–2 of this conversation)")
+            assert summary.startswith("Statements kept from earlier turns:")  # the record of turns 1-2
+            assert summary.endswith("(turns 1–2 of this conversation)")
         finally:
             client.close()
     finally:

@@ -9,8 +9,8 @@ group, production environment; ``tests.helpers.processes``) against the test Red
 - a compaction task lost with its broker (a Redis without persistence, restarted) blocks the
   thread's compactions only while the queued marker lives (``COMPACTION_QUEUED_TTL_SECONDS``):
   the next turn that finds a compaction due after that asks again, and the worker applies it;
-- a running compaction holds its marker past the queued TTL, so a turn meanwhile does not ask
-  for a second one (README: Deployment).
+- a running refinement (the step that waits on the model) holds its marker past the queued TTL, so a
+  fold meanwhile, which runs at once beside it, does not ask for a second one (README: Deployment).
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ import redis
 
 from app.store.keys import ThreadKeys
 from tests.fake_llm import Reply
-from tests.fixtures.celery_worker import commit_turn, history, seed_turns, thread_id_for, wait_until
+from tests.fixtures.celery_worker import (commit_turn, folded_section, history, rendered, seed_turns, thread_id_for,
+                                          wait_no_refinement, wait_until)
 from tests.helpers.processes import PROCFILE, prod_env, start, stop_group
 from tests.servers import free_port, port_open
 
@@ -171,29 +172,43 @@ def test_a_task_lost_with_its_broker_is_requested_again_after_the_queued_ttl(mak
 def test_a_running_compaction_holds_its_marker_past_the_queued_ttl(make_compaction_rig, fake_llm, tmp_path):
     queued_ttl = 3
     rig = make_compaction_rig(compaction_queued_ttl=queued_ttl)
-    fake_llm.add_rule(Reply(json=ANSWER, delay=2 * queued_ttl + 2), structured=True)
+    fake_llm.enqueue(Reply(json=ANSWER, delay=2 * queued_ttl + 2), structured=True)  # the first refinement's call
+    fake_llm.add_rule(Reply(json=ANSWER), structured=True)
     tid = thread_id_for("deployed-held-marker")
+    refining = ThreadKeys(tid).refining
     log = tmp_path / "worker.log"
-    proc = start("worker", prod_env(rig.settings, COMPACTION_QUEUED_TTL_SECONDS=str(queued_ttl)), log)
+    # a refinement right after each fold; one that has to wait for quiet again waits a second
+    proc = start("worker", prod_env(rig.settings, COMPACTION_QUEUED_TTL_SECONDS=str(queued_ttl),
+                                    COMPACTION_REFINE_AFTER_FOLDS="1", COMPACTION_IDLE_SECONDS="1"), log)
     try:
         wait_worker_ready(proc, log)
-        assert rig.request(tid, seed_turns(rig.store, tid, 6))  # folds two turns, with a gist from the model
+        assert rig.request(tid, seed_turns(rig.store, tid, 6))  # folds turns 1-2, then asks for their refinement
         fake_llm.wait_for_requests(1, "structured", timeout=60)
-        # The attempt holds the marker for its hard time limit (120 s) plus the queued TTL.
-        assert 120 < marker_ttl_now(rig, tid) <= 120 + queued_ttl
+        # The refinement holds its marker for its hard time limit (120 s) plus the queued TTL.
+        assert 120 < rig.client.ttl(refining) <= 120 + queued_ttl
         time.sleep(queued_ttl + 1)  # past the queued TTL; the model still answers
-        assert history(rig.client, tid) == [] and marker_ttl_now(rig, tid) > 120 - queued_ttl - 2
-        assert rig.request(tid, commit_turn(rig.store, tid, 7)) is False  # still pending: no second task
-        assert rig.client.llen("compaction") == 0
-        # The first compaction folds turns 1-2; its end finds turn 3 due (turn 7 came meanwhile) and asks
-        # for the next one itself: two compactions one after the other, never two at once.
-        entries = rig.wait_outcome(tid, "applied", count=2, timeout=60)
-        rig.wait_quiet(tid)
-        assert [e["outcome"] for e in entries] == ["applied", "applied"]
+        assert [(e["outcome"], e["step"]) for e in history(rig.client, tid)] == [("applied", "fold")]
+        assert rig.client.get(refining) == "2" and rig.client.ttl(refining) > 120 - queued_ttl - 2
+        # Turn 7 makes a fold due: it runs at once, beside the refinement (a fold never waits for the model),
+        # and finds the refinement's marker held: it asks for no second refinement.
+        assert rig.request(tid, commit_turn(rig.store, tid, 7)) is True
+        rig.wait_outcome(tid, "applied", count=2, timeout=30)
+        rig.wait_idle(tid)
+        assert [(e["outcome"], e["step"]) for e in history(rig.client, tid)] == [("applied", "fold")] * 2
+        assert rig.client.get(refining) == "2" and rig.client.llen("compaction") == 0
+        assert len(fake_llm.chat_requests("structured")) == 1
+        # The refinement read the thread before that fold: it is discarded, waits for quiet again and then
+        # refines turns 1-3 in one call, after the first call ended: two refinements one after the other,
+        # never two at once.
+        rig.wait_outcome(tid, "applied", count=3, timeout=60)
+        wait_no_refinement(rig, tid)
+        assert [(e["outcome"], e["step"]) for e in history(rig.client, tid)] == [
+            ("applied", "refine"), ("stale", "refine"), ("applied", "fold"), ("applied", "fold")]
         first, second = fake_llm.chat_requests("structured")
         assert second.time >= first.end_time
+        assert folded_section(first.body) == rendered([1, 2]) and folded_section(second.body) == rendered([1, 2, 3])
         state = rig.store.load(tid)
-        assert state.summary.endswith("(turns 1–3 of this conversation)")
+        assert state.summary.endswith("\n- About: " + ANSWER["summary"] + "\n(turns 1–3 of this conversation)")
         assert [m.id for m in state.messages] == [x for n in range(4, 8) for x in (f"u{n}", f"a{n}")]
     finally:
         assert stop_group(proc) in (0, -signal.SIGTERM)

@@ -8,11 +8,13 @@ gunicorn, a Celery worker and Flower, each on a free port.  Both model servers m
 their one-token start check with the pinned xllamacpp version.  Through the
 websocket, two short turns get real tokens from the real model; with
 ``MEMORY_RECENT_TURNS=1`` the second one passes the compaction threshold, so the
-worker folds the first turn with the same model, on the compaction server only,
-into a summary that ``GET /api/chat/thread`` shows, the open socket hears ``memory`` ``succeeded``,
-and Flower's API lists the ``workers.compact_thread`` task.  The compaction's structured answer
-goes through llama.cpp's native ``json_schema`` response format: no model server logs an
-error or an HTTP 5xx, and no response format is refused.  Then
+worker folds the first turn (no model) into a record that ``GET /api/chat/thread`` shows and the open
+socket hears the fold's ``memory`` ``succeeded``; once the thread has been quiet for
+``COMPACTION_IDLE_SECONDS`` (the bundled model refines only a quiet thread) the worker refines it with
+the same model, on the compaction server only, and the socket hears that refinement ``started`` and
+``succeeded``.  Flower's API lists the ``workers.compact_thread`` and ``workers.refine_thread`` tasks.
+The refinement's structured answer goes through llama.cpp's native ``json_schema`` response format: no
+model server logs an error or an HTTP 5xx, and no response format is refused.  Then
 Ctrl+C (SIGINT to the launcher's process group, as a terminal sends it) must
 stop every process the launcher started.
 
@@ -50,6 +52,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 MODEL_NAME = "qwen2.5-coder-0.5b-instruct"
 TASK = "workers.compact_thread"
+REFINE_TASK = "workers.refine_thread"
 # The first turn is long enough that folding it leaves room for the model's gist under the gain rule (README: A
 # compaction): it only asks (questions, requests, an instruction for this reply), so the record keeps no statement
 # of it, only the question and the answer's sentence.
@@ -179,13 +182,21 @@ def test_dev_system_chats_with_the_local_model_compacts_and_stops_on_ctrl_c(dev_
         assert fixed.status_code == 200, fixed.text
         assert "paris" in fixed.json()["choices"][0]["message"]["content"].lower()
 
-        # The second turn made the thread due: the worker folds the first turn with the same model.
+        # The second turn made the thread due: the worker folds the first turn, without a model, once the
+        # second turn's done is sent.
+        fold = client.recv_until(lambda f: f["type"] == "memory", timeout=60)
+        assert [f["type"] for f in fold] == ["memory"]
+        assert (fold[0]["status"], fold[0]["step"], fold[0]["message"]) == (
+            "succeeded", "fold", "Older turns were moved to the record.")
+        folded = client.thread()
+        assert folded["summaryPreview"].strip() and folded["messages"][0]["text"] == SECOND
+        # Quiet for COMPACTION_IDLE_SECONDS (20): the worker refines the folded turn with the compaction model.
         # (a failed attempt is retried after 1 s, so wait for the success itself)
         memory = client.recv_until(lambda f: f["type"] == "memory" and f["status"] == "succeeded", timeout=240)
         assert [f["type"] for f in memory] == ["memory"] * len(memory)
+        assert all(f["step"] == "refine" for f in memory)
         assert memory[0]["status"] == "started" and memory[-1]["message"] == "Older turns were summarized."
-        thread = wait_until(lambda: (lambda t: t if t.get("summaryPreview") else None)(client.thread()), 30,
-                            "summaryPreview")
+        thread = client.thread()
     finally:
         client.close()
     assert thread["restored"] is True
@@ -193,23 +204,26 @@ def test_dev_system_chats_with_the_local_model_compacts_and_stops_on_ctrl_c(dev_
     assert [(m["role"], m["text"]) for m in thread["messages"]] == [("user", SECOND), ("assistant", answers[1])]
     assert len(thread["pinnedDecisions"]) <= 20
 
-    # Flower (events from the worker) lists the compaction task of this thread.
-    def compaction_task():
-        tasks = requests.get(flower + "/api/tasks", timeout=5).json()
-        done = [t for t in tasks.values() if t["name"] == TASK and thread["threadId"] in (t.get("args") or "")
-                and t["state"] == "SUCCESS"]
-        return done or None
-    listed = wait_until(compaction_task, 30, "Flower to list the compaction task")
-    assert listed[0]["result"] == "'applied'"
-    print(f"\ne2e: up, two turns and a compaction in {time.monotonic() - started:.1f} s")
+    # Flower (events from the worker) lists the fold and the refinement of this thread.
+    def listed_task(name: str, result: str):
+        def find():
+            tasks = requests.get(flower + "/api/tasks", timeout=5).json()
+            done = [t for t in tasks.values() if t["name"] == name and thread["threadId"] in (t.get("args") or "")
+                    and t["state"] == "SUCCESS" and t.get("result") == result]
+            return done or None
+        return find
+    wait_until(listed_task(TASK, "'fold applied'"), 30, "Flower to list the fold")
+    wait_until(listed_task(REFINE_TASK, "'refined'"), 30, "Flower to list the refinement")
+    print(f"\ne2e: up, two turns, a fold and a refinement in {time.monotonic() - started:.1f} s")
 
-    # Chat turns went to the chat server, the compaction to its own server (llama.cpp's task lines).
+    # Chat turns went to the chat server, the refinement to the compaction server (llama.cpp's task lines).
     log = log_path.read_text(errors="replace")
     tasks = tasks_by_process(log)
     # the start check, the base state of the system prompt (scripts/slot_cache.py), the two turns, the fixed-sampling
-    # question, and at most one warm-up of the folded thread's new prefix (skipped when a turn was in flight)
-    assert 1 + 1 + 2 + 1 <= tasks["model"] <= 1 + 1 + 2 + 1 + 1
-    assert tasks["compaction-model"] >= 1 + 1  # the start check and the compaction
+    # question, and at most one warm-up of the thread's new prefix after the fold and one after the refinement
+    # (each skipped when a turn was in flight)
+    assert 1 + 1 + 2 + 1 <= tasks["model"] <= 1 + 1 + 2 + 1 + 2
+    assert tasks["compaction-model"] >= 1 + 1  # the start check and the refinement
     # No server error: llama.cpp logs a failed request as a warning or error with its JSON error (code 500
     # for a refused response format), and the app logs a refused format; none of that happened.
     for name in ("model", "compaction-model"):

@@ -8,8 +8,8 @@ production``, ``$PORT``, the test Redis, the fake LLM):
   binds ``0.0.0.0:$PORT``, answers ``/healthz``, a websocket turn streams coalesced deltas
   and is kept in memory, and a cancelled turn stops the model and keeps nothing; a bad
   configuration gives one ``config error`` line and exit 3 (nothing else).
-- ``worker``: a SIGTERM to the dyno's processes while a compaction runs puts the
-  task back on the queue at once (``REMAP_SIGTERM=SIGQUIT``: cold shutdown,
+- ``worker``: a SIGTERM to the dyno's processes while a refinement (the compaction step that
+  waits on the model) runs puts the task back on the queue at once (``REMAP_SIGTERM=SIGQUIT``: cold shutdown,
   the late-acknowledged message is requeued, not left for the 1-hour visibility
   timeout), and the next worker applies it exactly once.
 - ``flower``: binds ``$PORT`` and asks for ``FLOWER_BASIC_AUTH``.
@@ -25,8 +25,9 @@ import time
 import pytest
 import requests
 
+from app.store.keys import ThreadKeys
 from tests.fake_llm import Reply, words
-from tests.fixtures.celery_worker import history, raw_hash, seed_turns, thread_id_for
+from tests.fixtures.celery_worker import asked, history, raw_hash, record, seed_turns, thread_id_for, wait_until
 from tests.fixtures.live_app import ChatClient, answer_text, frame_kinds
 from tests.helpers.config_env import PASSWORD
 from tests.helpers.processes import PROCFILE, prod_env, start, stop_group
@@ -115,14 +116,15 @@ def test_worker_sigterm_requeues_the_running_compaction_at_once(compaction_rig, 
     fake_llm.add_rule(Reply(json=ANSWER), structured=True)
     tid = thread_id_for("procfile-sigterm")
     result = seed_turns(rig.store, tid, 6)
-    before = raw_hash(rig.client, tid)
-    env = prod_env(rig.settings, WORKER_CONCURRENCY="1")
+    env = prod_env(rig.settings, WORKER_CONCURRENCY="1", COMPACTION_REFINE_AFTER_FOLDS="1")  # refine each fold
     first = start("worker", env, tmp_path / "first.log")
     second = None
     try:
-        assert rig.request(tid, result)
+        assert rig.request(tid, result)  # the fold (no model), then its refinement, which waits on the model
         fake_llm.wait_for_requests(1, "structured", timeout=60)
-        assert rig.client.llen("compaction") == 0  # taken by the first worker
+        assert [(e["outcome"], e["step"]) for e in history(rig.client, tid)] == [("applied", "fold")]
+        before = raw_hash(rig.client, tid)  # as the fold left it
+        assert rig.client.llen("compaction") == 0  # the refinement: taken by the first worker
         stopped = time.monotonic()
         stop_group(first, signal.SIGTERM, timeout=30)
         assert time.monotonic() - stopped < 15  # did not wait for the 60 s model call
@@ -132,14 +134,16 @@ def test_worker_sigterm_requeues_the_running_compaction_at_once(compaction_rig, 
         # Back on the queue now, not after the visibility timeout (1 hour by default).
         assert rig.client.llen("compaction") == 1
         assert rig.client.zcard("unacked_index") == 0
-        assert raw_hash(rig.client, tid) == before and history(rig.client, tid) == []
+        assert raw_hash(rig.client, tid) == before  # the refinement wrote nothing
+        assert [(e["outcome"], e["step"]) for e in history(rig.client, tid)] == [("applied", "fold")]
         second = start("worker", env, tmp_path / "second.log")
-        rig.wait_outcome(tid, "applied", timeout=60)
-        rig.wait_idle(tid)
+        rig.wait_outcome(tid, "applied", count=2, timeout=60)
+        wait_until(lambda: not rig.client.exists(ThreadKeys(tid).refining), 15, message="the refinement's marker")
         state = rig.store.load(tid)
-        assert state.summary == "Statements kept from earlier turns:\n- About: " + ANSWER["summary"] + "\n(turns 1–2 of this conversation)"
+        assert state.summary == record(1, 2, asked(1), asked(2), "- About: " + ANSWER["summary"])
         assert [m.id for m in state.messages] == [x for n in range(3, 7) for x in (f"u{n}", f"a{n}")]
-        assert [e["outcome"] for e in history(rig.client, tid)] == ["applied"]
+        assert [(e["outcome"], e["step"]) for e in history(rig.client, tid)] == [("applied", "refine"),
+                                                                                 ("applied", "fold")]
         assert len(fake_llm.chat_requests("structured")) == 2
     finally:
         for proc in (first, second):

@@ -1,9 +1,9 @@
 """The prompt warm-up after a compaction (docs/contract.md: ``PROMPT_WARMUP``; README: The bundled model).
 
 The real app served on loopback, a real Celery worker, the test Redis and the fake LLM over HTTP (its request
-log is what the chat server received).  Two sessions chat; one session's thread compacts; the web process that
+log is what the chat server received).  Two sessions chat; one session's thread folds; the web process that
 holds that socket sends the chat model the thread's new prompt prefix, and the session's next turn starts with
-exactly that prefix.
+exactly that prefix; the fold that turn asks for is warmed again, once.
 """
 
 from __future__ import annotations
@@ -29,18 +29,23 @@ def answer(body: dict) -> Reply:
 
 def test_after_a_compaction_the_socket_warms_its_own_new_prompt_prefix(make_compaction_rig, make_live_app, fake_llm):
     rig = make_compaction_rig(compaction_strategy="extractive", limits=MemoryLimits(recent_turns=1),
-                              prompt_warmup="on")
+                              prompt_warmup="on")  # a fold after every turn past the first; no refinement
     rig.worker()
     live = make_live_app(rig.settings)
     fake_llm.default = answer
     other = ChatClient(live).connect()
     mine = ChatClient(live).connect()
+
+    def folded() -> list[dict]:
+        """The fold's frame the socket hears after a turn's done (the fold is asked for once the done is sent)."""
+        return [f for f in mine.recv_until(lambda f: f["type"] == "memory", timeout=30)
+                if f["type"] == "memory"]
+
     try:
         assert other.turn(f"My code word is {WORD_B}, noted on 2026-12-01.")[-1]["status"] == "completed"
-        for text in (f"My code word is {WORD_A}, noted on 2026-12-02.", "The venue is Hall 7 in Lyon.",
-                     "Bring the slides on Friday."):
-            assert mine.turn(text)[-1]["status"] == "completed"
-        mine.recv_until(lambda f: f["type"] == "memory" and f["status"] == "succeeded", timeout=30)
+        assert mine.turn(f"My code word is {WORD_A}, noted on 2026-12-02.")[-1]["status"] == "completed"
+        assert mine.turn("The venue is Hall 7 in Lyon.")[-1]["status"] == "completed"  # turn 1 is due
+        assert [(f["status"], f["step"]) for f in folded()] == [("succeeded", "fold")]
         [warm] = fake_llm.wait_for_requests(1, kind=is_warmup, timeout=10)
         thread_id = mine.thread()["threadId"]
         state = rig.store.load(thread_id)
@@ -57,7 +62,15 @@ def test_after_a_compaction_the_socket_warms_its_own_new_prompt_prefix(make_comp
         turn = fake_llm.last_request("stream")
         assert turn.messages[:len(sent)] == sent  # the next turn starts with the warmed prefix
         assert turn.messages[-1] == {"role": "user", "content": "What is my code word?"}
-        assert len(fake_llm.chat_requests(is_warmup)) == 1
+        # That turn made the venue's turn due: its fold is warmed too, once, after the turn
+        assert [(f["status"], f["step"]) for f in folded()] == [("succeeded", "fold")]
+        first, second = fake_llm.wait_for_requests(2, kind=is_warmup, timeout=10)
+        assert first is warm and second.time >= turn.end_time
+        state = rig.store.load(thread_id)
+        assert [m.text for m in state.messages][0] == "What is my code word?" and len(state.messages) == 2
+        assert second.messages[1]["content"].startswith(RECORD_HEADER) and state.summary in second.messages[1]["content"]
+        assert "Hall 7" in state.summary
+        assert [m["content"] for m in second.messages[2:]] == [m.text for m in state.messages]
     finally:
         mine.close()
         other.close()

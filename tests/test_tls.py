@@ -9,8 +9,9 @@ or ``openssl`` the module is skipped with that reason.
 
 Checked for real: the store commits and loads a turn (its Lua scripts) over TLS,
 the start-up check PINGs over TLS, and a ``celery -A celery_app worker``
-subprocess configured only by ``REDIS_TLS_URL`` consumes a compaction task that
-this process sent over TLS and applies it.
+subprocess configured only by ``REDIS_TLS_URL`` consumes a fold task that this
+process sent over TLS, applies it, and consumes and applies the refinement the fold
+published over TLS.
 """
 
 from __future__ import annotations
@@ -29,16 +30,17 @@ from app import create_app
 from app.memory.compaction import uncompacted_tokens
 from app.memory.final_turn import FinalTurn
 from app.settings import Settings
+from app.store.keys import ThreadKeys
 from app.store.redis_client import celery_broker_url, make_redis
 from tests.fake_llm import Reply
-from tests.fixtures.celery_worker import history, seed_turns, thread_id_for, wait_until
+from tests.fixtures.celery_worker import asked, history, record, seed_turns, thread_id_for, wait_until
 from tests.servers import free_port, port_open, stop
 
 ROOT = Path(__file__).resolve().parent.parent
 PASSWORD = "tls-Pa55word"
 SECRET = "k" * 64
 ANSWER = {"summary": "They counted from one to two.", "pinnedDecisions": ["Always encrypt everything"]}
-SUMMARY = "Statements kept from earlier turns:\n- About: They counted from one to two.\n(turns 1–2 of this conversation)"
+SUMMARY = record(1, 2, asked(1), asked(2), "- About: They counted from one to two.")
 
 
 def candidate_binaries() -> list[str]:
@@ -187,7 +189,7 @@ def test_a_celery_worker_consumes_a_compaction_sent_over_tls(tls_redis, tls_clie
     env = {k: v for k, v in os.environ.items() if not k.startswith(("REDIS", "OPENAI", "COMPACTION", "MEMORY"))}
     env.update(APP_ENV="test", SECRET_KEY=SECRET, REDIS_TLS_URL=url, REDIS_URL="redis://127.0.0.1:1/0",
                OPENAI_BASE_URL=fake_llm.url, OPENAI_API_KEY="test-key", CHAT_MODEL="fake-chat",
-               COMPACTION_MODEL="fake-compact")
+               COMPACTION_MODEL="fake-compact", COMPACTION_REFINE_AFTER_FOLDS="1")  # a refinement after each fold
     log_path = tmp_path / "worker.log"
     with open(log_path, "w") as log:
         worker = subprocess.Popen(
@@ -195,8 +197,10 @@ def test_a_celery_worker_consumes_a_compaction_sent_over_tls(tls_redis, tls_clie
              "--loglevel", "INFO", "--without-heartbeat", "--without-mingle", "--without-gossip", "-n", "tls@%h"],
             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
-        wait_until(lambda: [e for e in history(tls_client, tid) if e["outcome"] == "applied"], timeout=60,
-                   message="the compaction to apply over TLS")
+        # the fold, then the refinement it published over TLS, each consumed over TLS
+        wait_until(lambda: [(e["outcome"], e["step"]) for e in history(tls_client, tid)] == [
+            ("applied", "refine"), ("applied", "fold")], timeout=60, message="the fold and its refinement over TLS")
+        wait_until(lambda: not tls_client.exists(ThreadKeys(tid).refining), 15, message="the refinement's marker")
         state = services.store.load(tid)
         assert state.summary == SUMMARY
         assert (state.pinned_decisions, state.notes) == ([], ())  # "Always encrypt ..." is not the person's
