@@ -49,6 +49,9 @@ LIMIT_VARIABLES = {
     "recall_share": "MEMORY_RECALL_SHARE",
 }
 
+BUNDLED_FOLD_STEP = 4
+"""``MEMORY_PROMPT_FOLD_STEP=auto`` with the bundled model: folded turns enter the prompt's record 4 at a time."""
+
 BUNDLED_RECALL_MAX_TOKENS = 160
 """Recall's cap with the bundled model (``MEMORY_RECALL_MAX_TOKENS=auto``): on this project's 2-core machine the
 chat server reads about 140 prompt tokens a second, so 160 recalled tokens add about a second before the first
@@ -330,6 +333,9 @@ class Settings(BaseSettings):
     # Most prompt tokens the recalled excerpts may take, beside MEMORY_RECALL_SHARE (None: auto = 160 with the
     # bundled model, no cap beyond the share otherwise; 0: no cap).
     recall_max_tokens: int | None = Field(None, validation_alias="MEMORY_RECALL_MAX_TOKENS", ge=0)
+    # Folded turns enter the prompt's record this many at a time; the ones in between are shown verbatim from the
+    # archive (README: The bundled model). None: auto = 4 with the bundled model, 1 otherwise.
+    prompt_fold_step: int | None = Field(None, validation_alias="MEMORY_PROMPT_FOLD_STEP", ge=1, le=16)
     metrics_token: str | None = Field(None, validation_alias="METRICS_TOKEN", repr=False)
     # Offer the built-in tools to the chat model; a provider that rejects tools gets plain chat whatever this says.
     tools_enabled: bool = Field(True, validation_alias="TOOLS_ENABLED")
@@ -486,6 +492,14 @@ class Settings(BaseSettings):
         """True when a compaction's new prompt prefix is sent to the chat server ahead of the next turn
         (``PROMPT_WARMUP``: ``on``, or ``auto`` with the bundled model)."""
         return self.prompt_warmup == "on" or (self.prompt_warmup == "auto" and self.bundled_model)
+
+    @property
+    def fold_step(self) -> int:
+        """``MEMORY_PROMPT_FOLD_STEP``, auto resolved: 4 with the bundled model (its chat server then reads a fold's
+        new prompt layout once per 4 folds, not after every one), else 1."""
+        if self.prompt_fold_step is not None:
+            return self.prompt_fold_step
+        return BUNDLED_FOLD_STEP if self.bundled_model else 1
 
     @property
     def recall_asks_only(self) -> bool:

@@ -76,6 +76,32 @@ def test_after_a_compaction_the_socket_warms_its_own_new_prompt_prefix(make_comp
         other.close()
 
 
+def test_with_a_fold_step_the_warmed_prefix_shows_the_folded_turn_verbatim_and_the_next_turn_starts_with_it(
+        make_compaction_rig, make_live_app, fake_llm):
+    rig = make_compaction_rig(compaction_strategy="extractive", limits=MemoryLimits(recent_turns=1),
+                              prompt_warmup="on", prompt_fold_step=4)
+    rig.worker()
+    live = make_live_app(rig.settings)
+    fake_llm.default = answer
+    mine = ChatClient(live).connect()
+    try:
+        assert mine.turn(f"My code word is {WORD_A}, noted on 2026-12-02.")[-1]["status"] == "completed"
+        assert mine.turn("The venue is Hall 7 in Lyon.")[-1]["status"] == "completed"  # turn 1 is due
+        mine.recv_until(lambda f: f["type"] == "memory", timeout=30)
+        [warm] = fake_llm.wait_for_requests(1, kind=is_warmup, timeout=10)
+        state = rig.store.load(mine.thread()["threadId"])
+        assert state.record.last_turn == 1 and WORD_A in state.summary  # memory folded turn 1 ...
+        sent = warm.messages  # ... the prompt shows it verbatim (before the 4th fold), no record message
+        assert [m["role"] for m in sent] == ["system", "user", "assistant", "user", "assistant"]
+        assert sent[1]["content"] == f"My code word is {WORD_A}, noted on 2026-12-02."
+        assert mine.turn("What is my code word?")[-1]["status"] == "completed"
+        turn = fake_llm.last_request("stream")
+        assert turn.messages[:len(sent)] == sent
+        assert turn.messages[len(sent):] == [{"role": "user", "content": "What is my code word?"}]
+    finally:
+        mine.close()
+
+
 def test_no_warmup_while_a_turn_is_in_flight_nor_for_a_remote_provider(settings, fake_llm, store):
     from tests.fixtures.celery_worker import seed_turns, thread_id_for
 

@@ -77,3 +77,10 @@ def test_with_recall_on_asks_a_statement_turn_recalls_nothing_and_a_question_rec
         assert "- Person (turn 7): My sister Ana is allergic to peanuts, remember it." in section
     finally:
         chat.close()
+
+
+def test_the_prompt_fold_step_is_four_with_the_bundled_model_unless_set():
+    assert Settings.from_env({"BUNDLED_MODEL": "1"}).fold_step == 4
+    assert Settings.from_env({}).fold_step == 1
+    assert Settings.from_env({"BUNDLED_MODEL": "1", "MEMORY_PROMPT_FOLD_STEP": "1"}).fold_step == 1
+    assert Settings.from_env({"MEMORY_PROMPT_FOLD_STEP": "3"}).fold_step == 3

@@ -191,7 +191,8 @@ class Turn(TurnIO):
         self.cleared_seen = None
         self.archive = None
         try:
-            if self.services.settings.limits.recall_share > 0:  # the thread and its archive, one round trip
+            settings = self.services.settings
+            if settings.limits.recall_share > 0 or settings.fold_step > 1:  # thread and archive, one round trip
                 set_archive_cache_bytes(self.services.settings.archive_cache_max_bytes)
                 state, self.archive = load_turn_memory(self.services.store, self.thread_id, run=off_the_event_loop)
             else:
@@ -229,7 +230,7 @@ class Turn(TurnIO):
             context = off_the_event_loop(lambda: assemble_context(
                 self.state, self.text, system_prompt=settings.system_prompt, counter=self.services.counter,
                 context_tokens=settings.model_context_tokens, reserved_output_tokens=settings.reserved_output_tokens,
-                archive=self.archive, recall_share=self.recall_share()))
+                archive=self.archive, recall_share=self.recall_share(), fold_step=settings.fold_step))
         except ContextTooLong:
             self.services.counter.forget(self.text)  # a refused input is never cached
             raise

@@ -23,6 +23,14 @@ changes as little as possible before the newest turns and a correction reads as 
 - then the model's notes (refined later than the fold), then the turn range
   ("(turns 1–8 of this conversation)"), which changes with every fold and so comes last.
 
+With ``fold_step`` N > 1 (``MEMORY_PROMPT_FOLD_STEP``; 4 with the bundled model) the prompt moves folded turns
+into the record N at a time: the record is rendered up to the last multiple of N among the folded turns
+(``checkpoint``), and the turns folded after it are shown verbatim, from the archive, before the recent
+turns.  Memory itself folds every due turn at once (at most 4 recent turns stored); only the prompt's layout
+waits, so between two checkpoints a fold leaves the prompt's beginning unchanged and the next prompt is the
+previous one with the newest turn appended.  When such a turn is missing from the archive, or the verbatim
+turns would not fit the budget, the whole record is rendered as with N = 1.
+
 Stable parts come first (docs/contract.md: Model context for a turn): everything up to
 the end of the recent turns (``AssembledContext.prefix``) is the same text from one turn
 to the next until a compaction changes it, and a fold changes it only from the end of the
@@ -37,9 +45,9 @@ new input are never dropped (README: A turn).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from app.memory.recall import RECALL_SHARE, ArchiveIndex, format_recall, recall
+from app.memory.recall import RECALL_SHARE, ArchivedTurn, ArchiveIndex, format_recall, recall
 from app.memory.record import HEADER as RECORD_LINES_HEADER
 from app.memory.record import Record
 from app.memory.state import ThreadState
@@ -182,6 +190,32 @@ def format_pins(pins: list[str]) -> str:
     return PINS_HEADER + "\n".join(f"{i}. {text}" for i, text in enumerate(pins, 1))
 
 
+def held_back(record: Record, archive: ArchiveIndex | None, fold_step: int) -> tuple[Record, list[ArchivedTurn]]:
+    """The record as a prompt shows it with ``fold_step`` (see the module docstring), and the folded turns shown
+    verbatim after it, oldest first: ``(record up to the checkpoint, turns checkpoint+1 .. record.last_turn)``.
+    ``(record, [])`` when ``fold_step`` <= 1, the last folded turn is a checkpoint, or one of the turns after
+    the checkpoint is not in ``archive``."""
+    last = record.last_turn
+    if fold_step <= 1 or archive is None or last <= 0 or not record.lines:
+        return record, []
+    checkpoint = last - last % fold_step
+    if checkpoint >= last:
+        return record, []
+    wanted: list[ArchivedTurn] = []
+    for turn in reversed(archive.turns):  # the newest are at the end: at most fold_step - 1 steps
+        if turn.number <= checkpoint:
+            break
+        if turn.number <= last:
+            wanted.append(turn)
+    wanted.reverse()
+    if [t.number for t in wanted] != list(range(checkpoint + 1, last + 1)):
+        return record, []
+    lines = tuple(line for line in record.lines if line.turn <= checkpoint)
+    if not lines:
+        return Record(), wanted
+    return replace(record, last_turn=checkpoint, lines=lines), wanted
+
+
 def assemble_context(
     state: ThreadState,
     user_text: str,
@@ -192,6 +226,7 @@ def assemble_context(
     reserved_output_tokens: int,
     archive: ArchiveIndex | None = None,
     recall_share: float = RECALL_SHARE,
+    fold_step: int = 1,
 ) -> AssembledContext:
     """Build the prompt for a new user text from the server's ThreadState.
 
@@ -204,6 +239,8 @@ def assemble_context(
         reserved_output_tokens: tokens kept free for the answer (``RESERVED_OUTPUT_TOKENS``).
         archive: the thread's archive of folded turns (``app.store.archive``); None: nothing recalled.
         recall_share: share of the budget recalled excerpts may use (``MEMORY_RECALL_SHARE``; 0: none).
+        fold_step: folded turns enter the prompt's record this many at a time (``MEMORY_PROMPT_FOLD_STEP``;
+            the module docstring); needs ``archive``.
 
     Returns:
         The assembled context with per-section token counts.
@@ -212,34 +249,52 @@ def assemble_context(
         ContextTooLong: the system prompt, the pins and the input alone exceed the budget.
     """
     budget = context_tokens - reserved_output_tokens
+    record, verbatim = held_back(state.record, archive, fold_step)
+    if verbatim:
+        try:
+            return _assemble(state, record, verbatim, user_text, system_prompt, counter, budget, archive,
+                             recall_share, strict=True)
+        except ContextTooLong:
+            pass  # the verbatim turns do not fit: the whole record, as with fold_step 1
+    return _assemble(state, state.record, [], user_text, system_prompt, counter, budget, archive, recall_share)
+
+
+def _assemble(state: ThreadState, record: Record, verbatim: list[ArchivedTurn], user_text: str, system_prompt: str,
+              counter: TokenCounter, budget: int, archive: ArchiveIndex | None, recall_share: float, *,
+              strict: bool = False) -> AssembledContext:
+    """``assemble_context`` with the record shown and the folded turns shown verbatim before the recent ones;
+    ``strict``: raise ContextTooLong rather than leave out any turn or shorten the record."""
 
     def make(role: str, content: str, origin: str, ref: str | None = None) -> PromptMessage:
         return PromptMessage(role, content, origin, counter.message(role, content), ref)
 
     head = [make("system", system_prompt, "system")]
-    if state.record.lines or state.notes:
-        head.append(make("system", format_summary(state.record, state.notes), "summary"))
+    if record.lines or state.notes:
+        head.append(make("system", format_summary(record, state.notes), "summary"))
     if state.pins:
         head.append(make("system", format_pins(state.pinned_decisions), "pins"))
     tail = make("user", user_text, "input")
     fixed = sum(m.tokens for m in head) + tail.tokens + REPLY_PRIMING
 
-    turns = [[make(m.role, m.text, "recent", m.id) for m in turn] for turn in state.turns()]
+    turns = [[make(m.role, m.text, "recent", m.id) for m in turn.messages] for turn in verbatim]
+    turns += [[make(m.role, m.text, "recent", m.id) for m in turn] for turn in state.turns()]
     turn_costs = [sum(m.tokens for m in turn) for turn in turns]
     # A turn without its user message (never written by this project) is not sent.
     keep_from = next((i for i, t in enumerate(turns) if t[0].role == "user"), len(turns))
     recent_cost = sum(turn_costs[keep_from:])
     dropped = keep_from
+    if strict and fixed + recent_cost > budget:
+        raise ContextTooLong(f"prompt with verbatim folded turns needs {fixed + recent_cost} tokens, budget is {budget}")
     while keep_from < len(turns) and fixed + recent_cost > budget:
         recent_cost -= turn_costs[keep_from]
         keep_from += 1
         dropped += 1
-    if fixed > budget and state.record.lines:
+    if fixed > budget and record.lines:
         # Still too long without any recent turn: shorten the record for this prompt only
         # (memory keeps it whole).  The system prompt, the pins and the input are never cut.
         summary_message = next(m for m in head if m.origin == "summary")
         room = budget - (fixed - summary_message.tokens)
-        shortened = shortened_summary(state.record, room, counter, state.notes)
+        shortened = shortened_summary(record, room, counter, state.notes)
         head = [m for m in head if m.origin != "summary"]
         if shortened:
             head.insert(1, make("system", shortened, "summary"))
