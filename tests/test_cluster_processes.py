@@ -22,6 +22,7 @@ import time
 import kombu
 import requests
 
+from app.memory.migration import read_record
 from app.store.keys import ThreadKeys
 from app.store.redis_client import make_redis
 from tests.fake_llm import Reply
@@ -159,11 +160,11 @@ def test_a_socket_that_moves_to_the_other_web_process_continues_the_thread(clust
             assert len(fake_llm.chat_requests("structured")) == 3  # the dead worker's call, then the other's
             body = hydrate(second, cookie)
             assert body["messages"] == folded["messages"]  # the refinement wrote the summary only
-            assert client.hget(keys.state, "summary") == summary.replace(
+            assert read_record(client.hget(keys.state, "summary")).render() == read_record(summary).render().replace(
                 "\n(turns 1–2", "\n- About: " + SECOND_ANSWER["summary"] + "\n(turns 1–2")  # and added its gist
             assert [m["id"] for m in body["messages"]][::2] == ["m3", "m4", "m5", "m6"]
-            assert summary.startswith("Statements kept from earlier turns:")  # the record of turns 1-2
-            assert summary.endswith("(turns 1–2 of this conversation)")
+            assert read_record(summary).render().startswith("Statements kept from earlier turns:")  # turns 1-2
+            assert read_record(summary).render().endswith("(turns 1–2 of this conversation)")
         finally:
             client.close()
     finally:

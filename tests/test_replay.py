@@ -166,12 +166,12 @@ def test_accounting_names_a_lost_turn_a_duplicated_turn_and_an_altered_message()
 # ------------------------------------------------------------------------------------ the fake model
 
 
-def _state(summary: str, turns: list[tuple[str, str]]) -> ThreadState:
+def _state(turns: list[tuple[str, str]]) -> ThreadState:
     messages = []
     for i, (user, answer) in enumerate(turns, 1):
         messages += [ThreadMessage(f"u{i}", "user", user, "2025-01-01T00:00:00Z"),
                      ThreadMessage(f"a{i}", "assistant", answer, "2025-01-01T00:00:00Z")]
-    return ThreadState(messages=tuple(messages), summary=summary)
+    return ThreadState(messages=tuple(messages))
 
 
 def test_the_fake_compaction_answer_is_valid_within_limits_and_proposes_the_decisions_it_was_given():
@@ -180,7 +180,7 @@ def test_the_fake_compaction_answer_is_valid_within_limits_and_proposes_the_deci
     fake = ReplayFakeModel()
     for cycle in range(1, 41):
         turns = [(generated_turns(cycle + 5)[cycle + k], "Got it.") for k in range(5)]
-        state = _state("", turns)
+        state = _state(turns)
         plan = domain.plan_compaction(state, limits, counter, 7168,
                                       fixed_prompt_tokens=domain.fixed_prompt_tokens(limits, counter))
         assert plan.folded_turns == 1
