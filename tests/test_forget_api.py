@@ -149,9 +149,15 @@ def test_forgetting_a_recent_turn_removes_its_messages(served):
     rig, server = served
     http, tid = session(server)
     seed_turns(rig.store, tid, 3)
+    for answer in ("a2", "a3"):
+        assert http.post(server.url + "/api/chat/feedback", json={"messageId": answer, "rating": "down",
+                                                                  "reason": f"wrong about {answer}"},
+                         timeout=10).status_code == 201
     body = http.delete(server.url + "/api/chat/turns/2", timeout=10).json()
     assert body["forgotten"] == {"turn": 2, "recent": True, "archive": False, "recordLines": 0, "notes": 0}
     assert [m.id for m in rig.store.load(tid).messages] == ["u1", "a1", "u3", "a3"]
+    feedback = [json.loads(item) for item in rig.client.lrange(ThreadKeys(tid).feedback, 0, -1)]
+    assert [entry["messageId"] for entry in feedback] == ["a3"]  # the forgotten answer's feedback went with it
 
 
 def test_a_foreign_origin_is_refused_and_another_sessions_turns_are_404(served):
@@ -244,6 +250,22 @@ def test_a_compaction_or_refinement_that_read_memory_before_a_forget_is_discarde
                                          notes=[])
     assert refined.outcome == "stale"
     assert WORD not in rig.store.load(tid).summary
+
+
+def test_a_fold_prepared_before_a_forget_is_discarded_and_the_next_one_applies(served):
+    from app.compaction import service
+
+    rig, server = served
+    http, tid = session(server)
+    seed_with_planted(rig, tid, turns=5)  # turn 1 is due to fold; turn 3 is recent
+    prepared = service.prepare(rig.services, tid)
+    result = service._compose(rig.services, prepared, None, require_gain=False)
+    assert http.delete(server.url + "/api/chat/turns/3", timeout=10).status_code == 200
+    assert service.commit(rig.services, prepared, result).outcome == "stale"
+    assert rig.store.load(tid).folded_turns == 0
+    commit_turn(rig.store, tid, 6)
+    fold_all(rig, tid)  # read after the forget: applies, without the forgotten turn
+    assert WORD not in everything_in_redis(rig.client, tid).lower()
 
 
 # -- the proof -----------------------------------------------------------------------------------------

@@ -503,11 +503,13 @@ class ThreadStore:
 
     @_guard
     def forget_turn(self, thread_id: str, *, expected_gen: int, turn: int, message_ids: list[str],
-                    record: Record | None, notes: list[str], entry: dict, max_entries: int) -> ForgetCommit:
+                    record: Record | None, notes: list[str], entry: dict, max_entries: int,
+                    turn_message_ids: list[str] = ()) -> ForgetCommit:
         """Forget turn ``turn`` in one script (``lua/forget_turn.lua``) when the generation is still
         ``expected_gen``: remove the messages ``message_ids`` and the turn's archive member, write ``record``
         (None: unchanged) and ``notes``, add ``turn`` to the forgotten turns, move ``fg``, ``gen`` and ``v`` on,
-        and push ``entry`` (numbers and categories only) on the history capped at ``max_entries``.
+        and push ``entry`` (numbers and categories only) on the history capped at ``max_entries``; the feedback on
+        ``turn_message_ids`` (every message of the turn, recent or archived) goes too.
 
         A lost reply is not settled here: the caller reads the thread again (a forget is idempotent).
 
@@ -520,7 +522,7 @@ class ThreadStore:
                                  [str(expected_gen), int(turn), _dumps(list(message_ids)),
                                   "0" if record is None else "1", "" if record is None else record.to_stored(),
                                   _dumps(list(notes)), json.dumps(entry, separators=(",", ":")), int(max_entries),
-                                  self.ttl])
+                                  self.ttl, _dumps(list(turn_message_ids))])
         except Unsettled as exc:
             raise StoreUnavailable(str(exc)) from exc
         if not int(result[0]):

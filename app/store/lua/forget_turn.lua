@@ -1,10 +1,11 @@
 -- Forget one turn of a thread everywhere the thread's keys hold it (README: "Forget and provenance";
 -- docs/contract.md: Forget), compare-and-set on the generation like apply_compaction.lua.
 -- KEYS[1] the thread hash; KEYS[2..] the thread's other keys (TTL refresh): KEYS[3] the compaction history
---   list, the last key the archive (a sorted set scored by turn number).
+--   list, KEYS[4] the feedback list, the last key the archive (a sorted set scored by turn number).
 -- ARGV: expected gen, turn number, ids of the turn's recent messages (JSON array), "1" to write the record /
 --       "0" to keep it, the record (stored form, app.memory.record), notes JSON, history entry JSON,
---       most history entries kept, ttl seconds.
+--       most history entries kept, ttl seconds, ids of all the turn's messages (JSON array: the feedback on them
+--       goes, its reason may quote the turn).
 -- Applies only while gen is unchanged (the record and notes were computed from what was read).  Removes the
 -- messages with those ids (a turn committed meanwhile stays), every archive member scored by the turn (and
 -- their bytes from `ab`), writes record and notes, adds the turn to `fgt` (forgotten turns, JSON array),
@@ -44,6 +45,12 @@ if not seen then forgotten[#forgotten + 1] = turn end
 redis.call('HSET', KEYS[1], 'messages', '[' .. table.concat(kept, ',') .. ']', 'notes', ARGV[6],
   'ab', bytes, 'fgt', cjson.encode(forgotten))
 if ARGV[4] == '1' then redis.call('HSET', KEYS[1], 'summary', ARGV[5]) end
+local turn_ids = {}
+for _, id in ipairs(cjson.decode(ARGV[10])) do turn_ids[id] = true end
+for _, item in ipairs(redis.call('LRANGE', KEYS[4], 0, -1)) do
+  local ok, entry = pcall(cjson.decode, item)
+  if ok and type(entry) == 'table' and turn_ids[entry['messageId']] then redis.call('LREM', KEYS[4], 0, item) end
+end
 redis.call('LPUSH', KEYS[3], ARGV[7])
 redis.call('LTRIM', KEYS[3], 0, tonumber(ARGV[8]) - 1)
 redis.call('HINCRBY', KEYS[1], 'fg', 1)

@@ -119,17 +119,20 @@ def _forget_one(thread_id: str, turn: int, phrase: str | None = None) -> tuple[d
         _turn_number(str(turn), state)
         archived = archive_store.all_archived_turns(svc.store, thread_id) if state.folded_turns else []
         numbers = state.turn_numbers()
-        forgotten_texts, kept = [], []
-        for messages, number in zip(state.turns(), numbers):
-            (forgotten_texts if number == turn else kept).extend(m.text for m in messages)
-        for archived_turn in archived:
-            (forgotten_texts if archived_turn.number == turn else kept).extend(m.text for m in archived_turn.messages)
+        forgotten_texts, kept, ids = [], [], []
+        for messages, number in [*zip(state.turns(), numbers), *((t.messages, t.number) for t in archived)]:
+            if number == turn:
+                forgotten_texts.extend(m.text for m in messages)
+                ids.extend(m.id for m in messages)
+            else:
+                kept.extend(m.text for m in messages)
         plan = plan_forget(state, turn, forgotten=forgotten_texts, kept=kept, phrase=phrase)
         entry = {"at": int(time.time() * 1000), "outcome": "applied", "reason": "forgotten", "step": "forget",
                  "forgottenTurn": turn}
         committed = svc.store.forget_turn(thread_id, expected_gen=state.gen, turn=turn,
                                           message_ids=list(plan.message_ids), record=plan.record,
-                                          notes=list(plan.notes), entry=entry, max_entries=HISTORY_MAX)
+                                          notes=list(plan.notes), entry=entry, max_entries=HISTORY_MAX,
+                                          turn_message_ids=ids)
         if committed.applied:
             _drop_process_copies(thread_id, forgotten_texts)
             drop_thread_cache(svc.settings, thread_id)
