@@ -160,6 +160,26 @@ def test_forgetting_a_recent_turn_removes_its_messages(served):
     assert [entry["messageId"] for entry in feedback] == ["a3"]  # the forgotten answer's feedback went with it
 
 
+def test_turns_after_a_forgotten_one_keep_their_numbers_through_later_folds(served):
+    rig, server = served
+    http, tid = session(server)
+    seed_with_planted(rig, tid, turns=5)
+    assert http.delete(server.url + "/api/chat/turns/3", timeout=10).status_code == 200
+    assert http.delete(server.url + "/api/chat/turns/5", timeout=10).status_code == 200  # the newest
+    assert http.get(server.url + "/api/chat/turns/5", timeout=10).json()["reason"] == "forgotten"
+    for n in range(6, 10):
+        commit_turn(rig.store, tid, n)
+    assert rig.store.load(tid).turn_numbers() == [1, 2, 4, 6, 7, 8, 9]
+    fold_all(rig, tid)  # folds turns 1, 2 and 4
+    from app.store.archive import all_archived_turns
+    assert [(t.number, t.messages[0].id) for t in all_archived_turns(rig.store, tid)] == [(1, "u1"), (2, "u2"),
+                                                                                        (4, "u4")]
+    assert {line.turn for line in rig.store.load(tid).record.lines} <= {0, 1, 2, 4}
+    assert http.get(server.url + "/api/chat/turns/4", timeout=10).json()["messages"][0]["id"] == "u4"
+    assert http.get(server.url + "/api/chat/turns/3", timeout=10).json()["where"] == "gone"
+    assert http.get(server.url + "/api/chat/turns/7", timeout=10).json()["messages"][0]["id"] == "u7"
+
+
 def test_a_foreign_origin_is_refused_and_another_sessions_turns_are_404(served):
     rig, server = served
     http, tid = session(server)

@@ -141,15 +141,19 @@ class ThreadState:
 
     def turn_numbers(self) -> list[int]:
         """The number of each of ``turns()`` (a turn without its person message shares the number before)."""
-        return number_turns(self.turns(), self.folded_turns)
+        return number_turns(self.turns(), self.folded_turns, self.forgotten_turns)
 
 
-def number_turns(turns, before: int) -> list[int]:
+def number_turns(turns, before: int, forgotten=()) -> list[int]:
     """Numbers of whole ``turns`` (oldest first) when ``before`` person turns came earlier: each turn that
-    opens with a person message takes the next number; one that does not keeps the current one."""
+    opens with a person message takes the next number that is not a forgotten turn's (``forgotten``: a
+    forgotten turn's number is never given again, so later turns keep theirs); one that does not keep the
+    current one."""
     numbers, current = [], before
     for turn in turns:
         if turn and turn[0].role == "user":
             current += 1
+            while current in forgotten:
+                current += 1
         numbers.append(current)
     return numbers

@@ -9,7 +9,8 @@
 -- Pins stored by a model before notes existed are dropped: they were read as notes.
 -- Every folded turn (a person message and the answers after it) goes into the archive as
 -- {"n": turn number, "m": [messages]}, scored by its number: the numbers go on from `ft` (person
--- turns folded before), which moves on by the folded person turns.  The archive keeps at most the
+-- turns folded before), which moves on by the folded person turns; a forgotten turn's number (`fgt`, forget_turn.lua)
+-- is never given again, so the turns after it keep theirs.  The archive keeps at most the
 -- newest max-turns turns and max-bytes bytes (`ab`), oldest out; the newest turn always stays.
 -- Each applied fold counts one more fold without the model's refinement (`uf`, reset by apply_refinement.lua).
 -- Returns {'applied', version, kept count, archived turns, archive size, folds since the last refinement,
@@ -38,6 +39,11 @@ end
 -- the archive
 local archive = KEYS[#KEYS]
 local number = tonumber(redis.call('HGET', KEYS[1], 'ft') or '0')
+local forgotten = {}
+local fgt = redis.call('HGET', KEYS[1], 'fgt')
+if fgt then
+  for _, n in ipairs(cjson.decode(fgt)) do forgotten[n] = true end
+end
 local added_bytes, added = 0, 0
 local turn = nil
 local function flush()
@@ -51,7 +57,10 @@ for i = 1, #folded do
   local message = messages[i]
   if message['role'] == 'user' or turn == nil then
     flush()
-    if message['role'] == 'user' then number = number + 1 end
+    if message['role'] == 'user' then
+      number = number + 1
+      while forgotten[number] do number = number + 1 end
+    end
     turn = {message}
   else
     turn[#turn + 1] = message

@@ -63,9 +63,9 @@ def _store_errors(fn):
 
 
 def _turns_so_far(state) -> int:
-    """Person turns the thread has had: folded ones and the recent ones."""
+    """Person turns the thread has had: folded, recent and forgotten ones."""
     numbers = state.turn_numbers()
-    return max(numbers[-1] if numbers else 0, state.folded_turns)
+    return max(numbers[-1] if numbers else 0, state.folded_turns, max(state.forgotten_turns, default=0))
 
 
 def _turn_number(n: str, state) -> int:
