@@ -71,7 +71,7 @@ def test_summary_preview_is_the_first_240_characters_and_pins_are_texts(client, 
     assert body["record"] == record.to_dict()  # the same record as data
     assert body["pinnedDecisions"] == ["use tabs", "ship Friday"]
     assert set(body) == {"threadId", "messages", "summaryPreview", "summary", "record", "pinnedDecisions",
-                         "restored"}
+                         "restored", "earliestKeptTurn"}
     # a summary an earlier version stored as text reads the same
     redis_client.hset(ThreadKeys(thread_id).state, "summary", summary)
     assert hydrate(client) == body

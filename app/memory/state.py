@@ -104,6 +104,8 @@ class ThreadState:
         folded_turns: how many person turns were folded into memory so far (the store's ``ft``; 0 for a
             thread never compacted): ``messages`` start at turn ``folded_turns + 1``.  Turn numbers are
             stable across compactions (docs/contract.md: Model context for a turn).
+        forgets: how many turns were forgotten so far (the store's ``fg``; README: "Forget and provenance").
+        forgotten_turns: the numbers of the forgotten turns (the store's ``fgt``), ascending.
     """
 
     messages: tuple[ThreadMessage, ...] = ()
@@ -115,6 +117,8 @@ class ThreadState:
     notes: tuple[str, ...] = ()
     cleared: int = 0
     folded_turns: int = 0
+    forgets: int = 0
+    forgotten_turns: tuple[int, ...] = ()
 
     @property
     def summary(self) -> str:
@@ -137,15 +141,19 @@ class ThreadState:
 
     def turn_numbers(self) -> list[int]:
         """The number of each of ``turns()`` (a turn without its person message shares the number before)."""
-        return number_turns(self.turns(), self.folded_turns)
+        return number_turns(self.turns(), self.folded_turns, self.forgotten_turns)
 
 
-def number_turns(turns, before: int) -> list[int]:
+def number_turns(turns, before: int, forgotten=()) -> list[int]:
     """Numbers of whole ``turns`` (oldest first) when ``before`` person turns came earlier: each turn that
-    opens with a person message takes the next number; one that does not keeps the current one."""
+    opens with a person message takes the next number that is not a forgotten turn's (``forgotten``: a
+    forgotten turn's number is never given again, so later turns keep theirs); one that does not keep the
+    current one."""
     numbers, current = [], before
     for turn in turns:
         if turn and turn[0].role == "user":
             current += 1
+            while current in forgotten:
+                current += 1
         numbers.append(current)
     return numbers

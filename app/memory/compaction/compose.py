@@ -227,7 +227,7 @@ def compose(state: ThreadState, plan: CompactionPlan, answer: CompactionAnswer |
         about = None
     new_lines: list[RecordLine] = [about] if about is not None and _line_key(about) not in seen else []
     turns = group_turns(plan.folded)
-    numbers = number_turns(turns, state.folded_turns)
+    numbers = number_turns(turns, state.folded_turns, state.forgotten_turns)
     previous = preceding_answer
     for turn, number in zip(turns, numbers):
         lines = [line for line in statement_lines(turn, known, number=number, previous_answer=previous)

@@ -9,11 +9,12 @@
 -- Pins stored by a model before notes existed are dropped: they were read as notes.
 -- Every folded turn (a person message and the answers after it) goes into the archive as
 -- {"n": turn number, "m": [messages]}, scored by its number: the numbers go on from `ft` (person
--- turns folded before), which moves on by the folded person turns.  The archive keeps at most the
+-- turns folded before), which moves on by the folded person turns; a forgotten turn's number (`fgt`, forget_turn.lua)
+-- is never given again, so the turns after it keep theirs.  The archive keeps at most the
 -- newest max-turns turns and max-bytes bytes (`ab`), oldest out; the newest turn always stays.
 -- Each applied fold counts one more fold without the model's refinement (`uf`, reset by apply_refinement.lua).
 -- Returns {'applied', version, kept count, archived turns, archive size, folds since the last refinement,
--- person turns folded so far} or {'stale', reason}.
+-- person turns folded so far, first and last turn number the cap dropped (0, 0: none)} or {'stale', reason}.
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'stale', 'missing'} end
 local gen = redis.call('HGET', KEYS[1], 'gen') or '0'
 if gen ~= ARGV[1] then return {'stale', 'generation'} end
@@ -38,6 +39,11 @@ end
 -- the archive
 local archive = KEYS[#KEYS]
 local number = tonumber(redis.call('HGET', KEYS[1], 'ft') or '0')
+local forgotten = {}
+local fgt = redis.call('HGET', KEYS[1], 'fgt')
+if fgt then
+  for _, n in ipairs(cjson.decode(fgt)) do forgotten[n] = true end
+end
 local added_bytes, added = 0, 0
 local turn = nil
 local function flush()
@@ -51,7 +57,10 @@ for i = 1, #folded do
   local message = messages[i]
   if message['role'] == 'user' or turn == nil then
     flush()
-    if message['role'] == 'user' then number = number + 1 end
+    if message['role'] == 'user' then
+      number = number + 1
+      while forgotten[number] do number = number + 1 end
+    end
     turn = {message}
   else
     turn[#turn + 1] = message
@@ -62,10 +71,14 @@ local count = redis.call('ZCARD', archive)
 local bytes
 if count == added then bytes = added_bytes else bytes = tonumber(redis.call('HGET', KEYS[1], 'ab') or '0') + added_bytes end
 local max_turns, max_bytes = tonumber(ARGV[7]), tonumber(ARGV[8])
+local dropped_first, dropped_last = 0, 0
 while count > 1 and (count > max_turns or bytes > max_bytes) do
   local oldest = redis.call('ZPOPMIN', archive, 1)
   bytes = bytes - #oldest[1]
   count = count - 1
+  local score = tonumber(oldest[2])
+  if dropped_first == 0 then dropped_first = score end
+  dropped_last = score
 end
 redis.call('HSET', KEYS[1], 'messages', '[' .. table.concat(kept, ',') .. ']',
   'summary', ARGV[3], 'notes', ARGV[4], 'lastCompactedAt', ARGV[5], 'ft', number, 'ab', bytes)
@@ -74,4 +87,4 @@ local unrefined = redis.call('HINCRBY', KEYS[1], 'uf', 1)
 local version = redis.call('HINCRBY', KEYS[1], 'v', 1)
 local ttl = tonumber(ARGV[6])
 for i = 1, #KEYS do redis.call('EXPIRE', KEYS[i], ttl) end
-return {'applied', version, #kept, added, count, unrefined, number}
+return {'applied', version, #kept, added, count, unrefined, number, dropped_first, dropped_last}
