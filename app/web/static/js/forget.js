@@ -89,7 +89,8 @@ export async function openTurn(n) {
     el.turnDialog.dataset.where = String(turn.where || "");
     el.turnDialogBody.append(h("p", { class: "turn-where", "data-testid": "turn-where", text: whereText(turn.where, turn.reason) }),
       ...turnBlocks(turn));
-    el.turnDialogForget.hidden = turn.where === "gone";
+    // a turn the archive dropped may still have summary lines and notes made from it: those can go
+    el.turnDialogForget.hidden = turn.where === "gone" && turn.reason === "forgotten";
     el.turnDialogForget.dataset.turn = String(n);
   }
   openDialog(el.turnDialog);
@@ -163,7 +164,7 @@ export async function forgetTurn(n, turn) {
     if (!got.turn) { toast(got.message, "error"); return false; }
     data = got.turn;
   }
-  if (data.where === "gone") { toast(whereText(data.where, data.reason), "error"); return false; }
+  if (data.where === "gone" && data.reason === "forgotten") { toast(whereText(data.where, data.reason), "error"); return false; }
   const ok = await ask(`Forget turn ${n}? Your message and the answer are removed from the recent turns and the archive, ` +
     "and every summary line and note made from them. Your pinned decisions stay.", data, "Forget");
   if (!ok || busy()) return false;

@@ -74,7 +74,7 @@ export function renderRecord(record) {
 export function renderEarliest(n) {
   const turn = Number.isInteger(n) ? /** @type {number} */ (n) : 0;
   el.earliestKept.textContent = turn > 1
-    ? `The archive keeps turns from turn ${turn} on; turns 1–${turn - 1} are no longer kept.` : "";
+    ? `The archive keeps turns from turn ${turn} on; ${turn === 2 ? "turn 1 is" : `turns 1–${turn - 1} are`} no longer kept.` : "";
   el.earliestKept.hidden = turn <= 1;
 }
 
