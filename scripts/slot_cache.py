@@ -19,7 +19,8 @@ two requests never interleave; every request that uses the slot passes it):
    recently used files beyond ``max_files`` files or ``max_bytes`` bytes (the base file last).
 
 Requests without a key (the start check) start from the base state (or an erased slot) and are never saved.
-``GET`` requests (models, health) pass without the lock.  Paths under ``/slots`` are refused (403): only this
+``DELETE /cache`` with the header, from loopback only, deletes that key's file (a thread forgot a turn; the
+slot is erased when it holds that key).  ``GET`` requests (models, health) pass without the lock.  Paths under ``/slots`` are refused (403): only this
 proxy saves and restores, and only into its own directory (llama.cpp's ``--slot-save-path``, a private
 directory made for this server's run, mode 0700, removed when it stops).  Files are KV states, not text; they
 live only while the server runs.
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import http.client
+import ipaddress
 import json
 import sys
 import os
@@ -193,6 +195,15 @@ class SlotCache:
             if name == BASE:
                 self.base_digest = None
 
+    def drop(self, key: str) -> None:
+        """Delete ``key``'s slot file (a forget in the thread; README: "Forget and provenance"); when the slot
+        holds that key's state, erase it.  Call under ``lock``."""
+        self.path(key).unlink(missing_ok=True)
+        if self.holder == key:
+            self.holder = None
+            self._action("erase")
+        self._note("forget", key)
+
     def close(self) -> None:
         """Remove the directory and every file in it."""
         shutil.rmtree(self.directory, ignore_errors=True)
@@ -208,6 +219,14 @@ def _system_prompt(body: bytes) -> str | None:
     if isinstance(first, dict) and first.get("role") == "system" and isinstance(first.get("content"), str):
         return first["content"]
     return None
+
+
+def _loopback(address: str) -> bool:
+    """True for a loopback peer address (127.0.0.0/8, ::1, or an IPv4-mapped loopback)."""
+    try:
+        return ipaddress.ip_address(address.removeprefix("::ffff:")).is_loopback
+    except ValueError:
+        return False
 
 
 def _digest(text: str) -> str:
@@ -277,6 +296,22 @@ def make_proxy(cache: SlotCache, host: str, port: int) -> ThreadingHTTPServer:
                 cache.prepare(key, body)
                 ok = self._forward("POST", body)
                 cache.finish(key, ok)
+
+        def do_DELETE(self):
+            # DELETE /cache with the key's header: drop that thread's slot file.  Loopback only (the web
+            # processes run beside the model server); anything else is refused.
+            if self.path != "/cache":
+                return self._reply(404, "Not found.")
+            if not _loopback(self.client_address[0]):
+                return self._reply(403, "Only from this machine.")
+            key = self.headers.get(CACHE_HEADER)
+            if key is None or not KEY_RE.match(key):
+                return self._reply(400, f"{CACHE_HEADER} must be 64 lowercase hex characters.")
+            with cache.lock:
+                cache.drop(key)
+            self.send_response(204)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
 
     server = _QuietServer((host, port), Handler)
     server.daemon_threads = True

@@ -40,7 +40,7 @@ def hydrate(client) -> dict:
 def test_new_session_gets_exactly_the_empty_dto(client):
     body = hydrate(client)
     assert THREAD_RE.match(body["threadId"])
-    assert body == {"threadId": body["threadId"], "messages": [], "pinnedDecisions": [], "restored": False}
+    assert body == {"threadId": body["threadId"], "messages": [], "pinnedDecisions": [], "restored": False, "earliestKeptTurn": None}
 
 
 def test_stored_turns_are_returned_in_order_with_exactly_four_keys(client, store):
@@ -71,7 +71,7 @@ def test_summary_preview_is_the_first_240_characters_and_pins_are_texts(client, 
     assert body["record"] == record.to_dict()  # the same record as data
     assert body["pinnedDecisions"] == ["use tabs", "ship Friday"]
     assert set(body) == {"threadId", "messages", "summaryPreview", "summary", "record", "pinnedDecisions",
-                         "restored"}
+                         "restored", "earliestKeptTurn"}
     # a summary an earlier version stored as text reads the same
     redis_client.hset(ThreadKeys(thread_id).state, "summary", summary)
     assert hydrate(client) == body
@@ -90,7 +90,7 @@ def test_delete_empties_the_thread(client, store):
     store.set_pins(thread_id, expected_gen=0, pins=[Pin("p")])
     response = client.delete("/api/chat/thread")
     assert (response.status_code, response.get_data()) == (204, b"")
-    assert hydrate(client) == {"threadId": thread_id, "messages": [], "pinnedDecisions": [], "restored": False}
+    assert hydrate(client) == {"threadId": thread_id, "messages": [], "pinnedDecisions": [], "restored": False, "earliestKeptTurn": None}
 
 
 def test_compaction_running_during_delete_cannot_bring_anything_back(client, store):
@@ -137,7 +137,7 @@ def test_wrong_type_at_the_thread_key_gives_the_empty_dto_without_the_error_text
     response = client.get("/api/chat/thread")
     raw = response.get_data(as_text=True)
     assert response.status_code == 200
-    assert response.get_json() == {"threadId": thread_id, "messages": [], "pinnedDecisions": [], "restored": False}
+    assert response.get_json() == {"threadId": thread_id, "messages": [], "pinnedDecisions": [], "restored": False, "earliestKeptTurn": None}
     assert_nothing_leaks(raw, error, "WRONGTYPE", "wrong kind", "HGETALL", "hgetall", key, "mem:{", "Error")
 
 
@@ -149,7 +149,7 @@ def test_corrupt_stored_state_gives_the_empty_dto_without_its_content(client, re
     response = client.get("/api/chat/thread")
     raw = response.get_data(as_text=True)
     assert response.status_code == 200
-    assert response.get_json() == {"threadId": thread_id, "messages": [], "pinnedDecisions": [], "restored": False}
+    assert response.get_json() == {"threadId": thread_id, "messages": [], "pinnedDecisions": [], "restored": False, "earliestKeptTurn": None}
     assert_nothing_leaks(raw, "leaky secret", "toolArgs", "sk-123", "Unknown field")
 
 

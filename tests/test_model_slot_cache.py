@@ -142,6 +142,32 @@ def test_slot_files_stay_within_their_count_and_bytes_oldest_out(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_forget_drops_the_threads_slot_file_and_its_next_request_starts_from_the_base_state(proxied, settings):
+    from app.llm.cache_key import drop_thread_cache
+
+    url, cache, _standin = proxied
+    bundled = settings.with_overrides(bundled_model=True, openai_base_url=url + "/v1")
+    key = thread_cache_key(bundled.secret_key, "chat:forgetful")
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "thread-f secret"}]
+    assert post(url + "/v1/chat/completions", {"messages": messages}, key)[0] == 200
+    with cache.lock:  # the proxy saves after the answer went out, under the lock
+        assert cache.path(key).exists()
+    assert drop_thread_cache(settings.with_overrides(bundled_model=False, openai_base_url=url + "/v1"),
+                             "chat:forgetful") is False  # a hosted provider: nothing is sent
+    assert cache.path(key).exists()
+    assert drop_thread_cache(bundled, "chat:forgetful") is True
+    assert not cache.path(key).exists() and ("forget", key) in cache.events
+    status, answer = post(url + "/v1/chat/completions", {"messages": [messages[0], {"role": "user", "content": "hi"}]},
+                          key)
+    assert status == 200 and [t for t in answer["slot_before"] if "secret" in t] == []
+    bad = urllib.request.Request(url + "/cache", headers={CACHE_HEADER: "x"}, method="DELETE")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(bad, timeout=10)
+    assert refused.value.code == 400
+    assert slot_cache._loopback("127.0.0.1") and slot_cache._loopback("::1")
+    assert not slot_cache._loopback("10.0.0.5") and not slot_cache._loopback("::ffff:192.168.1.2")
+
+
 def test_the_cache_key_is_an_hmac_of_the_thread_id_sent_only_to_the_bundled_model(settings):
     key = thread_cache_key(SECRET, "th_1")
     assert len(key) == 64 and key == key.lower() and "th_1" not in key

@@ -245,6 +245,19 @@ def commit(services: Services, prepared: Prepared, result: CompactionResult) -> 
         record=result.record, notes=list(result.notes), compacted_at=utc_now_iso())
 
 
+DROPPED_MESSAGE = "turns {first}–{last} are no longer kept"
+"""The history entry's message when a fold made the archive's cap drop its oldest turns (docs/contract.md)."""
+
+
+def dropped_figures(committed: CompactionCommit) -> dict:
+    """``{"droppedTurns": [first, last], "message": "turns F–L are no longer kept"}`` when the fold made the
+    archive drop turns, else ``{}``."""
+    if not committed.dropped_turns:
+        return {}
+    first, last = committed.dropped_turns
+    return {"droppedTurns": [first, last], "message": DROPPED_MESSAGE.format(first=first, last=last)}
+
+
 def _fold_figures(prepared: Prepared, result: CompactionResult | None, started: float, attempt: int) -> dict:
     return {"step": STEP_FOLD, **_figures(prepared, result, started, attempt)}
 
@@ -319,7 +332,7 @@ def run_compaction(services: Services, thread_id: str, seen_version: int, *, att
 
     if committed.outcome == Outcome.APPLIED:
         entry = _record(services, thread_id, Outcome.APPLIED, result.strategy,
-                        _fold_figures(prepared, result, started, attempt))
+                        {**_fold_figures(prepared, result, started, attempt), **dropped_figures(committed)})
         _publish(services, thread_id, "succeeded", MESSAGE_FOLDED, summaryLength=len(result.summary),
                  noteCount=len(result.notes), turnsFolded=prepared.plan.folded_turns,
                  factRetention=result.retention, step=STEP_FOLD)
@@ -364,7 +377,7 @@ def fold_at_cap(services: Services, thread_id: str) -> bool:
         return False
     if committed.outcome == Outcome.APPLIED:
         _record(services, thread_id, Outcome.APPLIED, result.strategy,
-                {**_fold_figures(prepared, result, started, 0), "atCap": True})
+                {**_fold_figures(prepared, result, started, 0), "atCap": True, **dropped_figures(committed)})
         _publish(services, thread_id, "succeeded", MESSAGE_FOLDED, turnsFolded=prepared.plan.folded_turns,
                  step=STEP_FOLD)
         log.info("fold of %s at the hard cap applied in the turn: folded %d turns", thread_id[:13],

@@ -10,6 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import http.client
+import logging
+from urllib.parse import urlsplit
+
+log = logging.getLogger(__name__)
+DROP_TIMEOUT = 2.0
+"""Seconds a request to drop a thread's slot file may take."""
 
 CACHE_HEADER = "X-Model-Cache-Key"
 _DOMAIN = b"model-slot-cache\x00"
@@ -32,3 +39,33 @@ def cache_headers(settings, thread_id: str | None) -> dict[str, str]:
     if not thread_id or not getattr(settings, "bundled_model", False) or not getattr(settings, "secret_key", ""):
         return {}
     return {CACHE_HEADER: thread_cache_key(settings.secret_key, thread_id)}
+
+
+def drop_thread_cache(settings, thread_id: str) -> bool:
+    """Ask the bundled model's chat server to delete ``thread_id``'s slot file (``DELETE /cache`` with
+    ``CACHE_HEADER``; ``scripts/slot_cache.py`` answers it from loopback only), after a forget.
+
+    Does nothing (False) without ``BUNDLED_MODEL``, a secret or a base URL.  Never raises: a server that is
+    down holds no slot to drop; a failure is logged without the key.
+
+    Returns:
+        True when the server answered 204.
+    """
+    headers = cache_headers(settings, thread_id)
+    base = getattr(settings, "openai_base_url", None)
+    if not headers or not base:
+        return False
+    parts = urlsplit(base)
+    if parts.scheme != "http" or not parts.hostname:
+        return False
+    conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=DROP_TIMEOUT)
+    try:
+        conn.request("DELETE", "/cache", headers=headers)
+        response = conn.getresponse()
+        response.read()
+        return response.status == 204
+    except (OSError, http.client.HTTPException) as exc:
+        log.warning("slot file not dropped: %s", type(exc).__name__)
+        return False
+    finally:
+        conn.close()

@@ -91,6 +91,14 @@ class ByteCache(Generic[V]):
             if old is not None:
                 self._size -= old[1]
 
+    def discard_where(self, predicate) -> int:
+        """Forget every entry whose key satisfies ``predicate(key)``; return how many went."""
+        with self._lock:
+            gone = [k for k in self._data if predicate(k)]
+            for key in gone:
+                self._size -= self._data.pop(key)[1]
+            return len(gone)
+
     def clear(self) -> None:
         """Forget everything."""
         with self._lock:

@@ -62,7 +62,7 @@ def assert_no_forbidden_keys(value) -> None:
 
 
 def build_hydration(thread_id: str, state: ThreadState, *, restored: bool | None = None,
-                    archived: Iterable = ()) -> dict:
+                    archived: Iterable = (), earliest_kept_turn: int | None = None) -> dict:
     """Return the hydration DTO.
 
     Shape: ``{"threadId", "messages": [{id, role, text, createdAt}], "archived"?: [{id, role, text,
@@ -74,13 +74,15 @@ def build_hydration(thread_id: str, state: ThreadState, *, restored: bool | None
     version), ``summaryPreview`` its first 240 characters and ``record`` the same record as data
     (``Record.to_dict``), all three absent when the record has no line;
     ``pinnedDecisions`` are the person's; ``modelNotes`` (what compactions proposed to
-    remember) is absent when there are none.
+    remember) is absent when there are none; ``earliestKeptTurn`` is the number of the earliest turn memory still
+    holds word for word (``app.store.archive.earliest_kept_turn``; null for a thread without turns).
     """
     dto = {
         "threadId": thread_id,
         "messages": [m.to_dict() for m in state.messages],
         "pinnedDecisions": state.pinned_decisions,
         "restored": (not state.is_empty) if restored is None else restored,
+        "earliestKeptTurn": earliest_kept_turn,
     }
     folded = [m.to_dict() for turn in archived for m in turn.messages]
     if folded:

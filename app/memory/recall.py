@@ -213,12 +213,15 @@ class ArchiveIndex:
     Attributes:
         turns: the archived turns, oldest first (by number).
         cleared: the thread's clear counter when the index was built (a clear starts a new index).
+        forgets: the thread's forget counter when the index was built (``ThreadState.forgets``: a forget starts a
+            new index, so a forgotten turn never comes back from a process's cache).
         nbytes: about the bytes the index holds (its turns' texts and term counts; ``_turn_bytes``), kept
             as turns come and go, so a cache of indexes is bounded in bytes at O(1) a read.
     """
 
     turns: list[ArchivedTurn] = field(default_factory=list)
     cleared: int = 0
+    forgets: int = 0
     _freqs: list[dict] = field(default_factory=list, repr=False)
     _lens: list[int] = field(default_factory=list, repr=False)
     _sizes: list[int] = field(default_factory=list, repr=False)

@@ -104,6 +104,8 @@ class ThreadState:
         folded_turns: how many person turns were folded into memory so far (the store's ``ft``; 0 for a
             thread never compacted): ``messages`` start at turn ``folded_turns + 1``.  Turn numbers are
             stable across compactions (docs/contract.md: Model context for a turn).
+        forgets: how many turns were forgotten so far (the store's ``fg``; README: "Forget and provenance").
+        forgotten_turns: the numbers of the forgotten turns (the store's ``fgt``), ascending.
     """
 
     messages: tuple[ThreadMessage, ...] = ()
@@ -115,6 +117,8 @@ class ThreadState:
     notes: tuple[str, ...] = ()
     cleared: int = 0
     folded_turns: int = 0
+    forgets: int = 0
+    forgotten_turns: tuple[int, ...] = ()
 
     @property
     def summary(self) -> str:

@@ -12,11 +12,14 @@ with ``REPLY_PRIMING`` tokens.
 
 The cache of counts (``TokenCounter``) is bounded in bytes (``TOKEN_CACHE_MAX_BYTES``): a text is
 measured (``sys.getsizeof``, O(1)) before it is counted, a text larger than ``CACHE_ENTRY_MAX_BYTES``
-is counted without being kept, and ``forget`` drops a text that was refused (README: Performance).
+is counted without being kept, and ``forget`` drops a text that was refused (README: Performance).  The cache is
+keyed by a digest of the text (``text_digest``: 16 bytes of BLAKE2b), never the text itself, so no message's
+words stay in a process's memory after the thread forgets them (README: "Forget and provenance").
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from functools import lru_cache
 from typing import NamedTuple
@@ -69,6 +72,11 @@ def load_encoding(name: str) -> tiktoken.Encoding:
         return tiktoken.get_encoding(_OFFLINE_NAMES[DEFAULT_ENCODING])
 
 
+def text_digest(text: str) -> bytes:
+    """The key ``text``'s count is cached under: 16 bytes of BLAKE2b of its UTF-8 (surrogates passed through)."""
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+
 class CacheInfo(NamedTuple):
     """Counts of a ``TokenCounter``'s cache: lookups answered, texts counted, bound and size in bytes."""
 
@@ -101,20 +109,24 @@ class TokenCounter:
 
     def count(self, text: str) -> int:
         """Tokens of ``text`` (cached while the text is at most ``CACHE_ENTRY_MAX_BYTES``)."""
-        found = self.cache.get(text)
+        key = text_digest(text)
+        found = self.cache.get(key)
         if found is not None:
             self._hits += 1
             return found
         self._misses += 1
-        size = text_bytes(text) + _ENTRY_OVERHEAD
         tokens = len(self._encoding.encode_ordinary(text))
-        if size <= self.cache.max_entry_bytes:
-            self.cache.put(text, tokens, size)
+        if text_bytes(text) + _ENTRY_OVERHEAD <= self.cache.max_entry_bytes:
+            self.cache.put(key, tokens, _DIGEST_BYTES + _ENTRY_OVERHEAD)
         return tokens
+
+    def holds(self, text: str) -> bool:
+        """True when ``text``'s count is cached (under its digest)."""
+        return text_digest(text) in self.cache
 
     def forget(self, text: str) -> None:
         """Drop ``text``'s count from the cache (a refused input is never kept)."""
-        self.cache.pop(text)
+        self.cache.pop(text_digest(text))
 
     def message(self, role: str, content: str) -> int:
         """Tokens one chat message costs in a prompt: overhead + role + content."""
@@ -126,7 +138,9 @@ class TokenCounter:
 
 
 _ENTRY_OVERHEAD = 160
-"""Bytes an entry costs beside its text: the count, the key's hash-table slot and the LRU order."""
+"""Bytes an entry costs beside its key: the count, the key's hash-table slot and the LRU order."""
+_DIGEST_BYTES = text_bytes(b"x" * 16)
+"""Bytes a key (``text_digest``) takes."""
 
 
 @lru_cache(maxsize=8)

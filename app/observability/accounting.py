@@ -42,7 +42,7 @@ PUBLIC_TURN_FIELDS = ("messageId", "status", "at", "promptTokens", "sections", "
 COMPACTION_FIELDS = ("at", "outcome", "reason", "step", "turnsFolded", "turnsRefined", "modelCalls", "promptTokens",
                      "tokensBefore", "tokensAfter", "summaryChars",
                      "notesCount", "factRetention", "factsChecked", "factsDropped", "factsSkipped", "unreadShare",
-                     "durationMs")
+                     "durationMs", "forgottenTurn", "droppedTurns", "message")
 
 
 def content_sha(text: str) -> str:
@@ -183,6 +183,12 @@ def public_compaction(record: dict) -> dict:
                 continue
         elif key == "outcome":
             value = metrics.category(value, "unknown")
+        elif key == "droppedTurns":
+            if not (isinstance(value, list) and len(value) == 2 and all(type(v) is int for v in value)):
+                continue
+        elif key == "message":
+            if not isinstance(value, str) or len(value) > 80:
+                continue
         elif not (value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))):
             continue
         out[key] = value

@@ -12,7 +12,9 @@ thread's keys, so one node on a cluster, without MULTI).  Each process keeps the
 tokenised archives of its most recently used threads (``ArchiveIndex``) within
 ``ARCHIVE_CACHE_MAX_BYTES`` bytes (each index's ``nbytes``; least recently used out; an
 index larger than the whole bound is used for its turn and not kept), so a turn reads and
-tokenises only the turns folded since its last read.  The tokenising may run elsewhere than
+tokenises only the turns folded since its last read.  A copy is valid for the thread's clear counter and forget
+counter (``ThreadState.cleared``, ``ThreadState.forgets``): after a clear or a forget every process builds a new one
+from the archive, so a forgotten turn never comes back from a cache.  The tokenising may run elsewhere than
 the caller's greenlet (``load_turn_memory``'s ``run``): the reads stay with the caller.  A second
 round trip happens only when that copy cannot be brought up to date from the answer
 (the thread was cleared and compacted again, or expired and came back).
@@ -117,9 +119,9 @@ def load_turn_memory(store: ThreadStore, thread_id: str, *,
         pipe.zrange(keys.archive, 0, 0, withscores=True)
         raw, members, count, oldest = pipe.execute()
         state = store.parse(raw)
-        if index is None or index.cleared != state.cleared:
+        if index is None or (index.cleared, index.forgets) != (state.cleared, state.forgets):
             stale_since = since != "-inf"
-            index = ArchiveIndex(cleared=state.cleared)
+            index = ArchiveIndex(cleared=state.cleared, forgets=state.forgets)
             if stale_since and count:
                 members = store.redis.zrange(keys.archive, 0, -1)  # a clear and new folds since: read all
         if members:
@@ -127,7 +129,7 @@ def load_turn_memory(store: ThreadStore, thread_id: str, *,
         if oldest:
             index.drop_before(int(oldest[0][1]))
         if len(index) != int(count):  # the archive expired and came back, or a member was unreadable
-            index = ArchiveIndex(cleared=state.cleared)
+            index = ArchiveIndex(cleared=state.cleared, forgets=state.forgets)
             everything = store.redis.zrange(keys.archive, 0, -1)
             run(lambda: index.add(_turns(everything)))
     except UnicodeDecodeError:
@@ -149,14 +151,57 @@ def load_turn_memory(store: ThreadStore, thread_id: str, *,
     raise corrupt
 
 
-def archived_turns(store: ThreadStore, thread_id: str, *, newest: int = HYDRATION_TURNS) -> list[ArchivedTurn]:
-    """The newest ``newest`` archived turns of the thread, oldest first (one ZRANGE).
+def archived_turn(store: ThreadStore, thread_id: str, turn: int) -> ArchivedTurn | None:
+    """Turn ``turn`` as the archive holds it, or None (one ZRANGEBYSCORE).
 
     Raises:
         StoreUnavailable: Redis failed.
     """
     try:
-        members = store.redis.zrange(ThreadKeys(thread_id).archive, -newest, -1)
+        members = store.redis.zrangebyscore(ThreadKeys(thread_id).archive, turn, turn)
+    except redis.RedisError as exc:
+        store._report_error("archive")
+        raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from exc
+    found = _turns(members)
+    return found[0] if found else None
+
+
+def all_archived_turns(store: ThreadStore, thread_id: str) -> list[ArchivedTurn]:
+    """Every archived turn of the thread, oldest first (one ZRANGE; export and forget read it).
+
+    Raises:
+        StoreUnavailable: Redis failed.
+    """
+    return archived_turns(store, thread_id, newest=0)
+
+
+def earliest_kept_turn(store: ThreadStore, thread_id: str, state: ThreadState) -> int | None:
+    """The number of the earliest turn memory still holds word for word: the archive's oldest, else the first
+    recent turn's, else None (a thread without turns).
+
+    Raises:
+        StoreUnavailable: Redis failed.
+    """
+    if state.folded_turns:
+        try:
+            oldest = store.redis.zrange(ThreadKeys(thread_id).archive, 0, 0, withscores=True)
+        except redis.RedisError as exc:
+            store._report_error("archive")
+            raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from exc
+        if oldest:
+            return int(oldest[0][1])
+    numbers = [n for n, turn in zip(state.turn_numbers(), state.turns()) if turn[0].role == "user"]
+    return numbers[0] if numbers else None
+
+
+def archived_turns(store: ThreadStore, thread_id: str, *, newest: int = HYDRATION_TURNS) -> list[ArchivedTurn]:
+    """The newest ``newest`` archived turns of the thread (0: all), oldest first (one ZRANGE).
+
+    Raises:
+        StoreUnavailable: Redis failed.
+    """
+    try:
+        members = store.redis.zrange(ThreadKeys(thread_id).archive, -newest if newest else 0, -1)
     except redis.RedisError as exc:
         store._report_error("archive")
         raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from exc

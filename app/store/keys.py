@@ -6,14 +6,14 @@ or script of the project names keys of two threads, and nothing scans the keyspa
 
 | key | type | holds |
 | --- | --- | --- |
-| ``mem:{hex}`` | hash | ``v``, ``gen``, ``clr`` (times cleared), ``messages`` (JSON), ``summary`` (the record, JSON ``{"fmt": 2, …}``: ``app.memory.record``; text when an earlier version wrote it), ``pins`` (JSON), ``notes`` (JSON), ``lastCompactedAt``, ``ft`` (person turns folded so far), ``ab`` (archive bytes), ``rf`` (turns refined by the model so far), ``uf`` (folds since the last refinement) |
+| ``mem:{hex}`` | hash | ``v``, ``gen``, ``clr`` (times cleared), ``messages`` (JSON), ``summary`` (the record, JSON ``{"fmt": 2, …}``: ``app.memory.record``; text when an earlier version wrote it), ``pins`` (JSON), ``notes`` (JSON), ``lastCompactedAt``, ``ft`` (person turns folded so far), ``ab`` (archive bytes), ``rf`` (turns refined by the model so far), ``uf`` (folds since the last refinement), ``fg`` (turns forgotten so far), ``fgt`` (JSON array of the forgotten turns' numbers) |
 | ``mem:{hex}:archive`` | sorted set, capped | every folded turn, scored by its turn number: ``{"n", "m": [messages]}`` (``app.store.archive``) |
 | ``mem:{hex}:compacting`` | string, NX + EX | the one pending compaction (the version it saw); a short expiry while queued, held while its task runs |
 | ``mem:{hex}:refining`` | string, NX + EX | the one pending refinement (the model's part of a compaction; the token it was asked with) |
 | ``mem:{hex}:active`` | string, EX | ``streaming`` while a turn of the thread streams, then ``idle`` for ``COMPACTION_IDLE_SECONDS`` |
 | ``mem:{hex}:events`` | pub/sub channel | compaction status for open sockets (a shard channel on a cluster: it lives in the thread's slot) |
 | ``mem:{hex}:stats`` | list, capped | per-turn token accounting (numbers only) |
-| ``mem:{hex}:compactions`` | list, capped | compaction history (numbers and outcomes only) |
+| ``mem:{hex}:compactions`` | list, capped | compaction history (numbers and outcomes only; a forget's entry too: ``lua/forget_turn.lua``) |
 | ``mem:{hex}:feedback`` | list, capped | thumbs up/down per assistant message |
 | ``ws:{hex}:sockets`` | sorted set, PEXPIRE | the session's open websockets: socket id -> lease end (Redis ms); ``WS_MAX_PER_SESSION`` |
 | ``run:{hex}:<run id>`` | hash | tool, agent and workflow runtime state; never read by hydration or prompts |

@@ -97,6 +97,19 @@ class CompactionCommit:
     unrefined_folds: int = 0
     folded_turns: int = 0
     settled: bool = False
+    dropped_turns: tuple[int, int] | None = None
+    """``(first, last)`` turn numbers the archive's cap dropped in this fold (None: none, or not known)."""
+
+
+@dataclass(frozen=True)
+class ForgetCommit:
+    """Outcome of ``ThreadStore.forget_turn``: ``applied`` False when the generation moved on (nothing written);
+    else how many recent messages and archive members (turns) were removed."""
+
+    applied: bool
+    version: int = 0
+    recent_removed: int = 0
+    archive_removed: int = 0
 
 
 @dataclass(frozen=True)
@@ -137,6 +150,20 @@ def _counter(raw: dict, name: str) -> int:
     if not isinstance(value, str) or not _COUNTER_RE.match(value):
         raise ValueError(f"{name} is not a counter")
     return int(value)
+
+
+def _forgotten_turns(value) -> tuple[int, ...]:
+    """The ``fgt`` field: a JSON array of positive turn numbers (absent: none), ascending.
+
+    Raises:
+        ValueError: not that shape.
+    """
+    if value is None:
+        return ()
+    turns = json.loads(value)
+    if not isinstance(turns, list) or any(type(t) is not int or t < 1 for t in turns):
+        raise ValueError("fgt is not a list of turn numbers")
+    return tuple(sorted(set(turns)))
 
 
 def _dumps(value) -> str:
@@ -244,6 +271,7 @@ class ThreadStore:
         self._hold = client.register_script((LUA_DIR / "hold_marker.lua").read_text())
 
         self._refine = client.register_script((LUA_DIR / "apply_refinement.lua").read_text())
+        self._forget = client.register_script((LUA_DIR / "forget_turn.lua").read_text())
 
         self._socket = client.register_script((LUA_DIR / "claim_socket.lua").read_text())
         self.writer = without_retries(client)
@@ -297,6 +325,8 @@ class ThreadStore:
         try:
             version, gen, cleared = _counter(raw, "v"), _counter(raw, "gen"), _counter(raw, "clr")
             folded = _counter(raw, "ft")
+            forgets = _counter(raw, "fg")
+            forgotten = _forgotten_turns(raw.get("fgt"))
             messages = json.loads(raw.get("messages") or "[]")
             if not isinstance(messages, list):
                 raise ValueError("messages is not a list")
@@ -312,7 +342,7 @@ class ThreadStore:
             raise CorruptState(f"{type(exc).__name__}: {exc}"[:300]) from None
         return ThreadState(messages=parsed, record=record, pins=pins, last_compacted_at=last,
                            version=version, gen=gen, notes=notes, cleared=cleared,
-                           folded_turns=folded)
+                           folded_turns=folded, forgets=forgets, forgotten_turns=forgotten)
 
     @_guard
     def load(self, thread_id: str) -> ThreadState:
@@ -445,8 +475,9 @@ class ThreadStore:
         except Unsettled as exc:
             return self._settle_cas(thread_id, expected_gen, "lastCompactedAt", compacted_at, exc)
         if result[0] == Outcome.APPLIED:
+            dropped = (int(result[7]), int(result[8])) if len(result) > 8 and int(result[7]) else None
             return CompactionCommit(Outcome.APPLIED, int(result[1]), unrefined_folds=int(result[5]),
-                                    folded_turns=int(result[6]))
+                                    folded_turns=int(result[6]), dropped_turns=dropped)
         return CompactionCommit(Outcome.STALE, detail=reason_of(str(result[1])))
 
     @_guard
@@ -469,6 +500,32 @@ class ThreadStore:
         if result[0] == Outcome.APPLIED:
             return CompactionCommit(Outcome.APPLIED, int(result[1]))
         return CompactionCommit(Outcome.STALE, detail=reason_of(str(result[1])))
+
+    @_guard
+    def forget_turn(self, thread_id: str, *, expected_gen: int, turn: int, message_ids: list[str],
+                    record: Record | None, notes: list[str], entry: dict, max_entries: int) -> ForgetCommit:
+        """Forget turn ``turn`` in one script (``lua/forget_turn.lua``) when the generation is still
+        ``expected_gen``: remove the messages ``message_ids`` and the turn's archive member, write ``record``
+        (None: unchanged) and ``notes``, add ``turn`` to the forgotten turns, move ``fg``, ``gen`` and ``v`` on,
+        and push ``entry`` (numbers and categories only) on the history capped at ``max_entries``.
+
+        A lost reply is not settled here: the caller reads the thread again (a forget is idempotent).
+
+        Raises:
+            StoreUnavailable: Redis failed.
+        """
+        keys = ThreadKeys(thread_id)
+        try:
+            result = self._write(self._forget, keys.ttl_keys(),
+                                 [str(expected_gen), int(turn), _dumps(list(message_ids)),
+                                  "0" if record is None else "1", "" if record is None else record.to_stored(),
+                                  _dumps(list(notes)), json.dumps(entry, separators=(",", ":")), int(max_entries),
+                                  self.ttl])
+        except Unsettled as exc:
+            raise StoreUnavailable(str(exc)) from exc
+        if not int(result[0]):
+            return ForgetCommit(False)
+        return ForgetCommit(True, int(result[1]), int(result[2]), int(result[3]))
 
     def _settle_cas(self, thread_id: str, expected_gen: int, field_name: str, written: str,
                     lost: Unsettled) -> CompactionCommit:

@@ -14,7 +14,7 @@ from app.identity import current_thread_id
 from app.memory.hydration import build_hydration, empty_hydration
 from app.llm.health import model_status
 from app.runtime.capabilities import tools_enabled
-from app.store.archive import archived_turns
+from app.store.archive import archived_turns, earliest_kept_turn
 from app.store.thread_store import CorruptState, StoreUnavailable
 from app.web.responses import ApiError, guarded_json, store_unavailable
 
@@ -55,9 +55,10 @@ def get_thread():
         return guarded_json(empty_hydration(thread_id))
     try:
         archived = archived_turns(services().store, thread_id) if state.folded_turns else []
+        earliest = earliest_kept_turn(services().store, thread_id, state)
     except StoreUnavailable:
-        archived = []  # the earlier turns stay out of view; the thread itself is shown
-    return guarded_json(build_hydration(thread_id, state, archived=archived))
+        archived, earliest = [], None  # the earlier turns stay out of view; the thread itself is shown
+    return guarded_json(build_hydration(thread_id, state, archived=archived, earliest_kept_turn=earliest))
 
 
 @bp.delete("/api/chat/thread")

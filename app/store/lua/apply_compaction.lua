@@ -13,7 +13,7 @@
 -- newest max-turns turns and max-bytes bytes (`ab`), oldest out; the newest turn always stays.
 -- Each applied fold counts one more fold without the model's refinement (`uf`, reset by apply_refinement.lua).
 -- Returns {'applied', version, kept count, archived turns, archive size, folds since the last refinement,
--- person turns folded so far} or {'stale', reason}.
+-- person turns folded so far, first and last turn number the cap dropped (0, 0: none)} or {'stale', reason}.
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'stale', 'missing'} end
 local gen = redis.call('HGET', KEYS[1], 'gen') or '0'
 if gen ~= ARGV[1] then return {'stale', 'generation'} end
@@ -62,10 +62,14 @@ local count = redis.call('ZCARD', archive)
 local bytes
 if count == added then bytes = added_bytes else bytes = tonumber(redis.call('HGET', KEYS[1], 'ab') or '0') + added_bytes end
 local max_turns, max_bytes = tonumber(ARGV[7]), tonumber(ARGV[8])
+local dropped_first, dropped_last = 0, 0
 while count > 1 and (count > max_turns or bytes > max_bytes) do
   local oldest = redis.call('ZPOPMIN', archive, 1)
   bytes = bytes - #oldest[1]
   count = count - 1
+  local score = tonumber(oldest[2])
+  if dropped_first == 0 then dropped_first = score end
+  dropped_last = score
 end
 redis.call('HSET', KEYS[1], 'messages', '[' .. table.concat(kept, ',') .. ']',
   'summary', ARGV[3], 'notes', ARGV[4], 'lastCompactedAt', ARGV[5], 'ft', number, 'ab', bytes)
@@ -74,4 +78,4 @@ local unrefined = redis.call('HINCRBY', KEYS[1], 'uf', 1)
 local version = redis.call('HINCRBY', KEYS[1], 'v', 1)
 local ttl = tonumber(ARGV[6])
 for i = 1, #KEYS do redis.call('EXPIRE', KEYS[i], ttl) end
-return {'applied', version, #kept, added, count, unrefined, number}
+return {'applied', version, #kept, added, count, unrefined, number, dropped_first, dropped_last}
