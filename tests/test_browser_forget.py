@@ -14,6 +14,7 @@ import pytest
 
 from app.settings import MemoryLimits
 from tests.fake_llm import Reply
+from tests.fixtures.streamed_chat import OUTPUT_DIR
 from tests.helpers.browser import send_and_wait, until, wait_connected
 
 pytestmark = pytest.mark.browser
@@ -92,6 +93,7 @@ def test_a_summary_line_opens_its_turn_as_plain_text_and_forgets_it(make_live_ap
         "ms => ms.map(m => [m.dataset.role, m.querySelector('.turn-text').textContent])") == \
         [["user", planted], ["assistant", ANSWER]]
     assert dialog.locator("b").count() == 0  # stored text is shown as text, never as HTML
+    page.screenshot(path=str(OUTPUT_DIR / "forget-turn-dialog.png"))
     assert turn(page, base, 1)["where"] == "archive"
     dialog.get_by_test_id("turn-dialog-close").click()
     until(page, "() => !document.getElementById('turn-dialog').open")
@@ -104,6 +106,7 @@ def test_a_summary_line_opens_its_turn_as_plain_text_and_forgets_it(make_live_ap
     assert page.locator("#turn-dialog-title").inner_text() == "Turn 1"
     dialog.get_by_test_id("turn-dialog-close").click()
 
+    page.get_by_test_id("record-details").screenshot(path=str(OUTPUT_DIR / "forget-record-lines.png"))
     # ---- forget it from the line: asked first (the question quotes the turn), then gone everywhere
     line.get_by_test_id("line-forget").click()
     until(page, "() => document.getElementById('confirm-dialog').open")
@@ -139,6 +142,7 @@ def test_forget_this_in_a_message_menu_names_the_pins_that_quote_it(make_live_ap
 
     # the bubbles were added by this page (no reload): the turn is found by position and checked by id
     users.nth(1).get_by_test_id("message-menu").locator("summary").click()
+    page.screenshot(path=str(OUTPUT_DIR / "forget-message-menu.png"))
     users.nth(1).get_by_test_id("forget-message").click()
     until(page, "() => document.getElementById('confirm-dialog').open")
     assert page.locator("#confirm-text").inner_text().startswith("Forget turn 2?")
@@ -190,6 +194,8 @@ def test_forget_everything_about_a_phrase_previews_by_place_and_forgets_the_chec
     assert recent.get_by_test_id("forget-item").evaluate_all("xs => xs.map(x => x.dataset.turn)") == ["1", "3"]
     turns = page.locator("[data-testid=forget-turn]").evaluate_all("xs => [...new Set(xs.map(x => x.dataset.turn))]")
     assert sorted(turns) == ["1", "3"]
+    page.get_by_test_id("forget-preview").scroll_into_view_if_needed()
+    page.get_by_test_id("memory-panel").screenshot(path=str(OUTPUT_DIR / "forget-preview.png"))
     page.locator('[data-testid=forget-turn][data-turn="3"]').first.uncheck()
     assert page.locator('[data-testid=forget-turn][data-turn="3"]').evaluate_all("xs => xs.map(x => x.checked)") == \
         [False] * page.locator('[data-testid=forget-turn][data-turn="3"]').count()
