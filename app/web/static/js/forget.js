@@ -399,4 +399,9 @@ export function wireForget() {
     }
   });
   el.exportMarkdown.addEventListener("click", downloadMarkdown);
+  document.addEventListener("click", (e) => { // an open message menu closes on a click elsewhere
+    for (const menu of el.messages.querySelectorAll('[data-testid="message-menu"][open]')) {
+      if (!(e.target instanceof Node && menu.contains(e.target))) menu.removeAttribute("open");
+    }
+  });
 }
