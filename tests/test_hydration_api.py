@@ -40,7 +40,7 @@ def hydrate(client) -> dict:
 def test_new_session_gets_exactly_the_empty_dto(client):
     body = hydrate(client)
     assert THREAD_RE.match(body["threadId"])
-    assert body == {"threadId": body["threadId"], "messages": [], "pinnedDecisions": [], "restored": False, "earliestKeptTurn": None}
+    assert body == {"threadId": body["threadId"], "messages": [], "pinnedDecisions": [], "restored": False}
 
 
 def test_stored_turns_are_returned_in_order_with_exactly_four_keys(client, store):
@@ -90,7 +90,7 @@ def test_delete_empties_the_thread(client, store):
     store.set_pins(thread_id, expected_gen=0, pins=[Pin("p")])
     response = client.delete("/api/chat/thread")
     assert (response.status_code, response.get_data()) == (204, b"")
-    assert hydrate(client) == {"threadId": thread_id, "messages": [], "pinnedDecisions": [], "restored": False, "earliestKeptTurn": None}
+    assert hydrate(client) == {"threadId": thread_id, "messages": [], "pinnedDecisions": [], "restored": False}
 
 
 def test_compaction_running_during_delete_cannot_bring_anything_back(client, store):
@@ -137,7 +137,7 @@ def test_wrong_type_at_the_thread_key_gives_the_empty_dto_without_the_error_text
     response = client.get("/api/chat/thread")
     raw = response.get_data(as_text=True)
     assert response.status_code == 200
-    assert response.get_json() == {"threadId": thread_id, "messages": [], "pinnedDecisions": [], "restored": False, "earliestKeptTurn": None}
+    assert response.get_json() == {"threadId": thread_id, "messages": [], "pinnedDecisions": [], "restored": False}
     assert_nothing_leaks(raw, error, "WRONGTYPE", "wrong kind", "HGETALL", "hgetall", key, "mem:{", "Error")
 
 
@@ -149,7 +149,7 @@ def test_corrupt_stored_state_gives_the_empty_dto_without_its_content(client, re
     response = client.get("/api/chat/thread")
     raw = response.get_data(as_text=True)
     assert response.status_code == 200
-    assert response.get_json() == {"threadId": thread_id, "messages": [], "pinnedDecisions": [], "restored": False, "earliestKeptTurn": None}
+    assert response.get_json() == {"threadId": thread_id, "messages": [], "pinnedDecisions": [], "restored": False}
     assert_nothing_leaks(raw, "leaky secret", "toolArgs", "sk-123", "Unknown field")
 
 

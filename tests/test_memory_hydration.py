@@ -32,7 +32,7 @@ def test_forbidden_keys_are_exactly_the_contracts():
 
 def test_empty_thread_hydrates_to_exactly_the_empty_dto():
     thread_id = new_thread_id()
-    expected = {"threadId": thread_id, "messages": [], "pinnedDecisions": [], "restored": False, "earliestKeptTurn": None}
+    expected = {"threadId": thread_id, "messages": [], "pinnedDecisions": [], "restored": False}
     assert build_hydration(thread_id, ThreadState()) == expected
     assert empty_hydration(thread_id) == expected
 
@@ -53,7 +53,6 @@ def test_dto_carries_messages_pin_texts_the_record_as_text_and_data_and_a_240_ch
                      {"id": "a1", "role": "assistant", "text": "A1", "createdAt": CREATED}],
         "pinnedDecisions": ["use tabs", "ship Friday"],
         "restored": True,
-        "earliestKeptTurn": None,
         "summaryPreview": summary[:240],
         "summary": summary,
         "record": {"firstTurn": 1, "lastTurn": 3, "lines": [

@@ -168,6 +168,7 @@ class HydrationSchema(Schema):
     pinnedDecisions = fields.List(fields.String(validate=validate.Length(min=1, max=LIMITS.pinned_max_chars)),
                                   required=True, validate=validate.Length(max=LIMITS.pinned_max))
     restored = fields.Boolean(required=True)
+    earliestKeptTurn = fields.Integer(validate=validate.Range(min=1))
 
 
 def test_hydration_schema_accepts_what_build_hydration_returns():

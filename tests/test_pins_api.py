@@ -349,4 +349,4 @@ def test_a_pin_that_started_before_a_clear_writes_nothing(web, monkeypatch):
     assert response.status_code == 409
     assert response.get_json() == {"error": {"code": "thread_cleared",
                                              "message": "A new chat was started meanwhile, so nothing was changed."}}
-    assert hydrated(web) == {"threadId": thread_id, "messages": [], "pinnedDecisions": [], "restored": False, "earliestKeptTurn": None}
+    assert hydrated(web) == {"threadId": thread_id, "messages": [], "pinnedDecisions": [], "restored": False}

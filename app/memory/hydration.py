@@ -75,15 +75,16 @@ def build_hydration(thread_id: str, state: ThreadState, *, restored: bool | None
     (``Record.to_dict``), all three absent when the record has no line;
     ``pinnedDecisions`` are the person's; ``modelNotes`` (what compactions proposed to
     remember) is absent when there are none; ``earliestKeptTurn`` is the number of the earliest turn memory still
-    holds word for word (``app.store.archive.earliest_kept_turn``; null for a thread without turns).
+    holds word for word (``app.store.archive.earliest_kept_turn``; absent for a thread without turns).
     """
     dto = {
         "threadId": thread_id,
         "messages": [m.to_dict() for m in state.messages],
         "pinnedDecisions": state.pinned_decisions,
         "restored": (not state.is_empty) if restored is None else restored,
-        "earliestKeptTurn": earliest_kept_turn,
     }
+    if earliest_kept_turn is not None:
+        dto["earliestKeptTurn"] = earliest_kept_turn
     folded = [m.to_dict() for turn in archived for m in turn.messages]
     if folded:
         dto["archived"] = folded
