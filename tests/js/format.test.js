@@ -63,3 +63,10 @@ test("facts and compaction entries", () => {
   assert.deepEqual(compactionText({ turnsFolded: 4, durationMs: 30 }, "stale"),
     { badge: "discarded", detail: "discarded: the thread changed meanwhile · 30\u00a0ms" });
 });
+
+test("a compaction whose fold made the archive drop turns says which", () => {
+  const { detail } = compactionText({ turnsFolded: 2, durationMs: 10, droppedTurns: [1, 12] }, "applied");
+  assert.ok(detail.includes("turns 1–12 are no longer kept"), detail);
+  assert.ok(compactionText({ turnsFolded: 1, durationMs: 10, droppedTurns: [4, 4] }, "applied").detail.includes("turn 4 is no longer kept"));
+  assert.ok(!compactionText({ turnsFolded: 1, durationMs: 10, droppedTurns: "x" }, "applied").detail.includes("kept"));
+});

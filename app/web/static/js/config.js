@@ -21,6 +21,9 @@ export const API = Object.freeze({
   pins: ROOT + "/api/chat/pins",
   notes: ROOT + "/api/chat/notes",
   feedback: ROOT + "/api/chat/feedback",
+  turns: ROOT + "/api/chat/turns",
+  forget: ROOT + "/api/chat/forget",
+  export: ROOT + "/api/chat/export",
   health: ROOT + "/healthz",
 });
 

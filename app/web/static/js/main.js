@@ -15,6 +15,7 @@ import { renderCompactions, renderNotes, renderPins } from "./panel.js";
 import { syncDrawerMode, wireDrawer } from "./drawer.js";
 import { checkModel } from "./health.js";
 import { newChat } from "./newchat.js";
+import { wireForget } from "./forget.js";
 
 setSocketHooks({
   onOpen(wasReconnect) {
@@ -42,6 +43,7 @@ el.retryNow.addEventListener("click", () => {
   if (conn.open) loadThread(); else { conn.attempt = 0; reconnectNow(); }
 });
 wireMemory();
+wireForget();
 wireDrawer();
 if (el.dismissNotice) {
   const notice = el.dismissNotice.closest(".notice");

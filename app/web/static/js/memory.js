@@ -9,11 +9,12 @@ import { API } from "./config.js";
 import { announce, el, toast } from "./dom.js";
 import { chat, conn, memory, seq } from "./state.js";
 import { str } from "./format.js";
-import { bubbleText, renderEarlier, renderThread, scrollToBottom } from "./messages.js";
+import { bubbleText, renderEarlier, renderThread, scrollToBottom, tagTurns } from "./messages.js";
 import {
-  renderChart, renderCompactions, renderInspector, renderMeter, renderNotes, renderPins,
-  renderStatsUnavailable, renderSummary, showPinError,
+  renderChart, renderCompactions, renderEarliest, renderInspector, renderMeter, renderNotes, renderPins,
+  renderRecord, renderStatsUnavailable, renderSummary, showPinError,
 } from "./panel.js";
+import { foldedTurns, numberMessages } from "./turns.js";
 import { updateBanner } from "./connection.js";
 
 /**
@@ -40,15 +41,21 @@ export async function loadThread({ messages = true, forceScroll = false } = {}) 
   const d = r.data;
   const summary = str(d.summary) || str(d.summaryPreview);
   if (memory.sawStart === null) memory.sawStart = !summary; // a page opened on a summarized thread
+  const folded = foldedTurns(d);
   if (latestMessages && !chat.turn) {
     renderThread(d.messages, Boolean(summary), d.archived);
+    tagTurns(numberMessages(d.archived, d.messages, folded));
     scrollToBottom(forceScroll);
   } else if (latest && Array.isArray(d.messages)) {
     memory.serverIds = new Set(d.messages.map((/** @type {{id?: string}} */ m) => m && m.id));
   }
   if (latest) {
     memory.summary = summary;
+    memory.folded = folded;
+    memory.earliestKept = Number.isInteger(d.earliestKeptTurn) ? d.earliestKeptTurn : null;
     renderSummary(summary);
+    renderRecord(d.record);
+    renderEarliest(d.earliestKeptTurn);
     renderPins(d.pinnedDecisions);
     renderNotes(d.modelNotes);
     renderEarlier();

@@ -3,7 +3,8 @@
  * The conversation: message bubbles, their actions (copy, pin, thumbs), the re-render from server memory
  * (GET /api/chat/thread, docs/contract.md: HTTP), the fold divider and "Earlier in this conversation".
  * A bubble's facts are data attributes: data-saved (in memory when last loaded), data-local (sent by this
- * page; with data-turn and data-anchor), data-kept (its turn was written), data-bot-id, data-summarized.
+ * page; with data-turn and data-anchor), data-kept (its turn was written), data-bot-id, data-summarized,
+ * data-turn-guess (the turn number its position gives, turns.js numberMessages; checked before use).
  */
 import { announce, el, h, icon, toast } from "./dom.js";
 import { chat, memory } from "./state.js";
@@ -184,6 +185,59 @@ export function addActions(article) {
     }, icon("up", true));
     actions.append(up, down);
   }
+  addMenu(article);
+}
+
+/**
+ * The message's menu ("More"): "Forget this" forgets the message's whole turn (handled by forget.js, a click
+ * on [data-testid="forget-message"] in the conversation). Only for a message the server has an id for.
+ * @param {HTMLElement} article
+ */
+export function addMenu(article) {
+  if (!(article.dataset.messageId || article.dataset.botId)) return;
+  const { actions } = bubbleParts(article);
+  const old = actions.querySelector('[data-testid="message-menu"]');
+  if (old) old.remove();
+  actions.append(h("details", { class: "msg-menu", "data-testid": "message-menu" },
+    h("summary", { class: "icon-btn", title: "More", "aria-label": "More actions for this message" }, "⋯"),
+    h("div", { class: "menu-list", role: "group", "aria-label": "Message actions" },
+      h("button", {
+        type: "button", class: "menu-item", "data-testid": "forget-message",
+        title: "Forget this turn: your message and the answer, everywhere the memory holds them",
+      }, "Forget this"))));
+}
+
+/**
+ * Write each bubble's guessed turn number (data-turn-guess) from numberMessages' map.
+ * @param {Map<string, number>} numbers message id -> turn
+ */
+export function tagTurns(numbers) {
+  for (const b of el.messages.querySelectorAll('[data-testid="message"]')) {
+    if (!(b instanceof HTMLElement)) continue;
+    const n = numbers.get(b.dataset.messageId || "") || numbers.get(b.dataset.botId || "");
+    if (n) b.dataset.turnGuess = String(n);
+  }
+}
+
+/**
+ * Take forgotten messages off the page before the conversation is drawn again from memory: the bubbles of
+ * `ids` (their message or bot id), or, when the ids are not known (a forget by phrase), every bubble that
+ * came from memory (saved, kept, summarized, archived); the turn in flight and unsent bubbles stay.
+ * @param {Set<string> | null} ids
+ */
+export function dropForgotten(ids) {
+  const inFlight = chat.turn ? chat.turn.clientId : null;
+  for (const b of el.messages.querySelectorAll('[data-testid="message"]')) {
+    if (!(b instanceof HTMLElement) || (inFlight && b.dataset.turn === inFlight)) continue;
+    const hit = ids
+      ? ids.has(b.dataset.messageId || "") || ids.has(b.dataset.botId || "")
+      : b.dataset.saved === "1" || b.dataset.kept === "true" || b.dataset.summarized === "true";
+    if (hit) b.remove();
+  }
+  if (!el.messages.querySelector('[data-testid="message"][data-summarized="true"]')) {
+    for (const d of el.messages.querySelectorAll('[data-testid="fold-divider"]')) d.remove();
+  }
+  updateEmpty();
 }
 
 /**
@@ -270,6 +324,7 @@ export function renderThread(messages, folded, archived) {
       b = makeBubble({ id: str(m.id), role: m.role, text: m.text, createdAt: str(m.createdAt) });
       b.dataset.summarized = "true";
       b.dataset.archived = "true";
+      addMenu(b);
     }
     ordered.push(b);
   }

@@ -3,7 +3,9 @@
  * The memory panel, drawn from what the server answered (docs/contract.md: HTTP): the summary, the
  * person's pinned decisions, the model's notes, the context meter and the token chart
  * (GET /api/chat/stats), the compaction history and the prompt inspector (GET /api/chat/inspector).
- * Drawing only: the buttons (unpin, pin or remove a note) are handled by memory.js, which also loads.
+ * The summary's lines with the turn each came from, and the earliest turn the archive still keeps.
+ * Drawing only: the buttons (unpin, pin or remove a note) are handled by memory.js, which also loads;
+ * the turn buttons (open a turn, forget it) by forget.js.
  */
 import { el, h, s } from "./dom.js";
 import { memory } from "./state.js";
@@ -11,6 +13,7 @@ import {
   compactionText, fmt, fmtMs, fmtTime, num, pinText, promptBudget, SECTION_LABELS, SECTIONS, str,
 } from "./format.js";
 import { compactionOutcome } from "./status.js";
+import { turnRefs } from "./turns.js";
 
 /** @typedef {Record<string, any>} Stats the body of GET /api/chat/stats */
 
@@ -23,6 +26,56 @@ export function renderSummary(text) {
     el.summary.textContent = "No summary yet";
     el.summary.classList.add("muted");
   }
+}
+
+/** @type {Readonly<Record<string, string>>} */
+const KIND_LABELS = Object.freeze({ about: "About", asked: "Asked", person: "Person", assistant: "Assistant", told: "Told" });
+
+/**
+ * The record's lines (hydration `record.lines`: {kind, text, turn, replacedBy}), each with the turn it came
+ * from: a button opens that turn (data-testid="line-source"), another forgets it ("line-forget"), both
+ * with data-turn. Hidden when there is no line.
+ * @param {unknown} record
+ */
+export function renderRecord(record) {
+  const r = record && typeof record === "object" ? /** @type {{lines?: unknown}} */ (record) : {};
+  /** @type {Record<string, any>[]} */
+  const lines = Array.isArray(r.lines) ? r.lines.filter((l) => l && typeof l === "object" && typeof l.text === "string") : [];
+  el.recordLines.replaceChildren();
+  for (const line of lines) {
+    const turn = Number.isInteger(line.turn) && line.turn > 0 ? line.turn : null;
+    const label = KIND_LABELS[str(line.kind)] || "";
+    const li = h("li", { class: line.replacedBy ? "record-line replaced" : "record-line", "data-testid": "record-line",
+      "data-turn": turn || undefined },
+      h("span", { class: "record-text" },
+        label ? h("span", { class: "record-kind muted", text: `${label}: ` }) : null,
+        h("span", { text: line.text }),
+        Number.isInteger(line.replacedBy) ? h("span", { class: "muted small", text: ` (replaced by turn ${line.replacedBy})` }) : null));
+    if (turn) {
+      li.append(h("span", { class: "note-actions" },
+        h("button", {
+          type: "button", class: "btn btn-small btn-ghost", "data-testid": "line-source", "data-turn": turn,
+          title: "Why does it know this? Open the turn it came from", "aria-label": `Open turn ${turn}, where this came from`,
+        }, `turn ${turn}`),
+        h("button", {
+          type: "button", class: "icon-btn", "data-testid": "line-forget", "data-turn": turn,
+          title: `Forget turn ${turn}`, "aria-label": `Forget turn ${turn}, where this came from`,
+        }, "✕")));
+    }
+    el.recordLines.append(li);
+  }
+  el.recordDetails.hidden = lines.length === 0;
+}
+
+/**
+ * The earliest turn still kept (hydration `earliestKeptTurn`), said only when turns before it were dropped.
+ * @param {unknown} n
+ */
+export function renderEarliest(n) {
+  const turn = Number.isInteger(n) ? /** @type {number} */ (n) : 0;
+  el.earliestKept.textContent = turn > 1
+    ? `The archive keeps turns from turn ${turn} on; ${turn === 2 ? "turn 1 is" : `turns 1–${turn - 1} are`} no longer kept.` : "";
+  el.earliestKept.hidden = turn <= 1;
 }
 
 /**
@@ -242,11 +295,17 @@ export function renderInspector(data) {
     const pre = h("pre", { class: missing ? "inspector-text muted" : "inspector-text" });
     pre.textContent = missing ? str(m.note) || "Not available."
       : text.length > 6000 ? text.slice(0, 6000) + "\n… (truncated)" : text;
+    const refs = origin === "system" || origin === "input" || missing ? [] : turnRefs(text).slice(0, 12);
     ol.append(h("li", { class: "inspector-item", "data-origin": origin },
       h("div", { class: "inspector-head" },
         h("span", { class: `badge origin seg-${origin}`, text: origin }),
         h("span", { class: "muted small", text: `${str(m.role) || "?"} · ${fmt(m.tokens)} tokens` })),
-      pre));
+      pre,
+      refs.length ? h("div", { class: "turn-refs" }, h("span", { class: "muted small", text: "From: " }),
+        ...refs.map((n) => h("button", {
+          type: "button", class: "btn btn-small btn-ghost", "data-testid": "turn-ref", "data-turn": n,
+          title: "Open the turn this came from", "aria-label": `Open turn ${n}`,
+        }, `turn ${n}`))) : null));
   }
   el.inspectorBody.append(ol);
 }

@@ -32,10 +32,12 @@ export const chat = { turn: null, rafPending: false, stickToBottom: true };
 /**
  * What the page knows of server memory (memory.js).
  * @type {{serverIds: Set<string>, pins: string[], notes: string[], summary: string, sawStart: boolean | null,
- *         lastFetchFailed: boolean, feedback: Map<string, string>}}
+ *         lastFetchFailed: boolean, feedback: Map<string, string>, folded: number, earliestKept: number | null}}
  */
 export const memory = {
   serverIds: new Set(), // ids of messages known to be in server memory
+  folded: 0, // person turns before the recent messages, best guess (turns.js foldedTurns)
+  earliestKept: /** @type {number | null} */ (null), // hydration's earliestKeptTurn
   pins: [],
   notes: [],
   summary: "",
