@@ -69,3 +69,7 @@ if worker_class == "gthread":
     # With no more connections than threads gthread can keep no idle HTTP connection open: say so here
     # (keep-alive off) instead of warning at every start.  Websockets are unaffected.
     keepalive = 0
+
+# The access log names the path, never the query string: a query can carry what a person typed (the forget
+# preview's ``?phrase=``), and logs never hold message text (README: Seeing what memory did).
+access_log_format = '%(h)s %(l)s %(u)s %(t)s "%(m)s %(U)s %(H)s" %(s)s %(b)s "%(f)s" "%(a)s"'

@@ -15,7 +15,8 @@ after every second fold (``COMPACTION_REFINE_AFTER_FOLDS=2``).  Then:
   ``reason`` is ``forgotten``);
 - no Redis key holds it, in its name or its value (SCAN of every key, each read by its type);
 - no log line of the web or the worker holds it (logs never hold message text);
-- the phrase preview (``GET /api/chat/forget?phrase=``) finds nothing.
+- the phrase preview (``GET /api/chat/forget?phrase=``) finds nothing, and no log holds the phrase (the access
+  log names paths without their query).
 """
 
 from __future__ import annotations
@@ -198,11 +199,12 @@ def test_a_forgotten_word_stays_gone_across_a_restart_of_the_worker_and_the_web(
         gone = visitor.request("GET", "/api/chat/turns/3").json()
         assert (gone["where"], gone["reason"], gone["messages"]) == ("gone", "forgotten", [])
         assert WORD not in every_key_and_value(web.redis).lower()
-        logs = "".join(log.read_text() for log in sorted(web.log.parent.glob("web*.log"))) + worker.log_text()
-        assert WORD not in logs.lower()
-
-        # Last, as its phrase is in its URL, which the access log (``--access-logfile -``) writes down.
         preview = visitor.request("GET", "/api/chat/forget", params={"phrase": WORD})
         assert preview.status_code == 200 and preview.json()["items"] == []
+        # the logs, the access log included (it names paths without their query: the phrase above is not there)
+        def logs() -> str:
+            return "".join(log.read_text() for log in sorted(web.log.parent.glob("web*.log"))) + worker.log_text()
+        wait_until(lambda: "GET /api/chat/forget HTTP/1.1" in logs(), 10, message="the access log's line")  # after the reply
+        assert WORD not in logs().lower()
     finally:
         visitor.close()
