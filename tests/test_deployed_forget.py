@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 
 from app.store.keys import ThreadKeys
+from tests.helpers.store_dump import store_text
 from tests.fake_llm import FakeLLM, Reply
 from tests.fixtures.celery_worker import history, wait_until
 from tests.fixtures.deployed_web import Deployed, Visitor, deployed_web
@@ -115,29 +116,6 @@ def wait_settled(web: Deployed, tid: str) -> None:
     wait_until(lambda: settled(web, tid), 60, message="no compaction or refinement pending", interval=0.1)
 
 
-def every_key_and_value(client) -> str:
-    """Every key of the store (SCAN) and its value read by its type, as one text."""
-    out = []
-    for key in client.scan_iter(count=1000):
-        kind = client.type(key)
-        out.append(key)
-        if kind == "hash":
-            out.append(json.dumps(client.hgetall(key), ensure_ascii=False))
-        elif kind == "list":
-            out.extend(client.lrange(key, 0, -1))
-        elif kind == "zset":
-            out.extend(client.zrange(key, 0, -1))
-        elif kind == "set":
-            out.extend(client.smembers(key))
-        elif kind == "string":
-            out.append(client.get(key) or "")
-        elif kind == "stream":
-            out.append(json.dumps(client.xrange(key), ensure_ascii=False))
-        else:
-            assert kind == "none", f"{key} is a {kind}: read it too"
-    return "\n".join(out)
-
-
 def sent_to_model(requests) -> str:
     """Every recorded request (path, headers, body) as one lower-case text."""
     return json.dumps([r.to_dict() for r in requests], ensure_ascii=False, default=str).lower()
@@ -198,7 +176,7 @@ def test_a_forgotten_word_stays_gone_across_a_restart_of_the_worker_and_the_web(
             assert WORD not in response.text.lower(), path
         gone = visitor.request("GET", "/api/chat/turns/3").json()
         assert (gone["where"], gone["reason"], gone["messages"]) == ("gone", "forgotten", [])
-        assert WORD not in every_key_and_value(web.redis).lower()
+        assert WORD not in store_text(web.redis).lower()
         preview = visitor.request("GET", "/api/chat/forget", params={"phrase": WORD})
         assert preview.status_code == 200 and preview.json()["items"] == []
         # the logs, the access log included (it names paths without their query: the phrase above is not there)

@@ -17,6 +17,7 @@ from app.memory.forget import Quoting, contains_phrase, plan_forget
 from app.memory.record import PERSON, Record, RecordLine
 from app.memory.state import Pin, ThreadState
 from app.store.keys import ThreadKeys
+from tests.helpers.store_dump import store_text
 from tests.fake_llm import Reply
 from tests.fixtures.celery_worker import commit_turn, history, seed_turns
 from tests.fixtures.live_app import ChatClient, LiveServer
@@ -54,22 +55,7 @@ def fold_all(rig, tid: str) -> None:
 
 def everything_in_redis(client, tid: str) -> str:
     """Every key of the thread (SCAN on its hash tag) and every value, as one text."""
-    tag = ThreadKeys(tid).tag
-    out = []
-    for key in client.scan_iter(match=f"*{tag}*", count=1000):
-        kind = client.type(key)
-        out.append(key)
-        if kind == "hash":
-            out.append(json.dumps(client.hgetall(key), ensure_ascii=False))
-        elif kind == "list":
-            out.extend(client.lrange(key, 0, -1))
-        elif kind == "zset":
-            out.extend(client.zrange(key, 0, -1))
-        elif kind == "set":
-            out.extend(client.smembers(key))
-        elif kind == "string":
-            out.append(client.get(key) or "")
-    return "\n".join(out)
+    return store_text(client, f"*{ThreadKeys(tid).tag}*")
 
 
 # -- the domain rule -----------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ from simple_websocket import ConnectionClosed
 
 from app.extensions import Services
 from app.llm.warmup import PromptWarmup
+from app.chat.turn import off_the_event_loop
 from app.memory.context import ContextTooLong, assemble_context
 from app.store.archive import load_turn_memory
 from app.store.thread_store import CorruptState, StoreUnavailable
@@ -281,13 +282,13 @@ class CompactionWarmup:
         try:
             archive = None
             if settings.fold_step > 1:  # the prompt shows turns folded since its last checkpoint from the archive
-                state, archive = load_turn_memory(self.services.store, self.thread_id)
+                state, archive = load_turn_memory(self.services.store, self.thread_id, run=off_the_event_loop)
             else:
                 state = self.services.store.load(self.thread_id)
-            context = assemble_context(state, "", system_prompt=settings.system_prompt,
-                                       counter=self.services.counter, context_tokens=settings.model_context_tokens,
-                                       reserved_output_tokens=settings.reserved_output_tokens, archive=archive,
-                                       recall_share=0.0, fold_step=settings.fold_step)
+            context = off_the_event_loop(lambda: assemble_context(
+                state, "", system_prompt=settings.system_prompt, counter=self.services.counter,
+                context_tokens=settings.model_context_tokens, reserved_output_tokens=settings.reserved_output_tokens,
+                archive=archive, recall_share=0.0, fold_step=settings.fold_step))
         except (StoreUnavailable, CorruptState, ContextTooLong) as exc:
             log.info("prompt warm-up of %s skipped: %s", self.thread_id[:13], type(exc).__name__)
             return None
