@@ -16,6 +16,7 @@ import pytest
 import regex
 
 from app.memory import recall as recall_module
+from app.memory import words as words_module
 from app.memory.compaction import facts as facts_module
 from app.memory.compaction import record as record_module
 from app.memory.compaction.facts import MAX_FACTS, extract_facts
@@ -65,8 +66,8 @@ class Counting:
 @pytest.mark.parametrize("name", sorted(ADVERSARIAL))
 def test_an_identifier_is_tried_at_most_once_per_run_of_letters_and_digits(name, monkeypatch):
     text = ADVERSARIAL[name]
-    counting = Counting(recall_module._ID_RE)
-    monkeypatch.setattr(recall_module, "_ID_RE", counting)
+    counting = Counting(words_module._ID_RE)
+    monkeypatch.setattr(words_module, "_ID_RE", counting)
     tokens = tokenize(text)
     runs = len(regex.findall(r"[0-9a-z]+", text.casefold()))
     assert counting.calls <= runs

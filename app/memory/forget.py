@@ -12,7 +12,7 @@ written by a refinement, without turn numbers).  ``plan_forget`` computes what t
 * the notes without those that *quote* the forgotten text, and the record's lines without a turn number
   (0: written before lines had numbers) that quote it.
 
-**The quoting rule** (``quotes``).  Texts are compared by their retrieval tokens (``recall.tokenize``:
+**The quoting rule** (``quotes``).  Texts are compared by their retrieval tokens (``words.tokens``:
 NFKC, case-folded, function words out; an identifier such as ``zebra-4471`` also gives its parts).  A text quotes the forgotten turn when it holds a token that the
 forgotten turn holds and that nothing else memory keeps (the other recent and archived turns) holds, or
 when at least half of its tokens are tokens of the forgotten turn.  A phrase forget (``phrase``) also
@@ -28,7 +28,7 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from app.memory.recall import tokenize
+from app.memory.words import tokens as tokenize
 from app.memory.record import Record, RecordLine
 from app.memory.state import ThreadState
 

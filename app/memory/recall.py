@@ -8,7 +8,7 @@ budget (``MEMORY_RECALL_SHARE`` of the prompt budget), leaving out what the reco
 the notes, the pins and the recent turns already hold.  The prompt carries them as
 data, in a delimited section, in turn order (``format_recall``).
 
-Tokens (``tokenize``): text is NFKC-normalised and case-folded; identifiers and
+Tokens (``app.memory.words.tokens``, the memory domain's one tokenizer): text is NFKC-normalised and case-folded; identifiers and
 numbers are whole tokens (``INC-4471``, ``eu-west-2``, ``v2.3.1``, ``12,000``,
 ``14:30``); Latin words are tokens (``'s`` dropped); Chinese runs are segmented
 with jieba (``app.memory.segment``: its dictionary loads on first use, about a second per process).
@@ -37,7 +37,7 @@ from typing import Iterable, Sequence
 
 from rank_bm25 import BM25Plus
 
-from app.memory import segment
+from app.memory.words import tokens as tokenize
 from app.memory.state import ThreadMessage
 from app.memory.text import CJK, compare_form, cut_at_word, fold
 from app.memory.tokens import TokenCounter
@@ -69,75 +69,7 @@ RECALL_HEADER = ("Recalled from earlier in this conversation (archived turns tha
                  "<recalled>\n")
 RECALL_FOOTER = "\n</recalled>"
 
-# The alternatives of a token, most specific first (the first that matches at a position wins):
-_ID_RE = re.compile(r"[0-9a-z]+(?:[-_./:#@][0-9a-z]+)+")  # INC-4471, eu-west-2, v2.3.1, 14:30, a.b@c.d
-_OTHER_RE = re.compile(
-    r"(?P<zh>\d+(?:[年月日号点时分][0-9]*)+)"  # 2025年3月14日, 4月2日, 9点20分
-    r"|(?P<num>\d+(?:[.,]\d+)*%?)"
-    r"|(?P<word>[a-z]+(?:['’][a-z]+)*)"
-    rf"|(?P<cjk>[{CJK}]+)")
-_START_RE = re.compile(rf"[a-z\d{CJK}]")  # where a token may start
-_ALNUM_RUN_RE = re.compile(r"[0-9a-z]*")
-_ALNUM = frozenset("0123456789abcdefghijklmnopqrstuvwxyz")
-_EN_FUNCTION = frozenset("""
-a an the and or but nor so yet if then than as of at by for from in into on onto to with without about over under
-up down out off again also too very just only even still ever not no is are was were be been being am do does did
-done doing have has had having will would shall should can could may might must it its it's this that these those
-there here i me my mine we us our ours you your yours he him his she her hers they them their theirs what which who
-whom whose when where why how all any both each some such own same other s t don't didn't doesn't isn't aren't
-wasn't weren't i'm i've i'd i'll you're you've we're they're that's there's let's oh ok okay yeah yes hey hi
-""".split())
-_ZH_FUNCTION = frozenset("""
-的 了 吗 呢 吧 啊 呀 哦 嗯 是 在 有 和 与 及 也 都 就 还 很 不 没 没有 这 那 这个 那个 这些 那些 我 你 您 他 她 它 我们
-你们 他们 她们 它们 自己 什么 怎么 为什么 哪 哪个 谁 个 一个 一下 吧 把 被 给 对 让 从 到 又 再 才 而 但 但是 所以 因为
-如果 可以 会 要 想 说 知道 啊 呃 么 嘛 之 其 或 或者 以及 并 等 中 上 下 里 过 着 得 地
-""".split())
-
 log = logging.getLogger(__name__)
-
-
-def tokenize(text: str) -> list[str]:
-    """``text``'s retrieval tokens, in order (see the module docstring).
-
-    Linear in ``len(text)``: an identifier is tried once per run of letters and digits (a run that does
-    not end in a separator and more letters or digits holds no identifier wherever it is entered), so a
-    long run such as ``"abc12" * 2400`` costs what plain words of the same length cost.
-
-    >>> tokenize("Ticket INC-4471 moved to Tuesday, 14:30")
-    ['ticket', 'inc-4471', 'moved', 'tuesday', '14:30']
-    """
-    lowered = fold(text)
-    out: list[str] = []
-    no_id_before = 0  # positions below this lie in a run of letters and digits that holds no identifier
-    pos = 0
-    while (start := _START_RE.search(lowered, pos)) is not None:
-        at = start.start()
-        match = None
-        if at >= no_id_before and lowered[at] in _ALNUM:
-            match = _ID_RE.match(lowered, at)
-            if match is None:
-                no_id_before = _ALNUM_RUN_RE.match(lowered, at).end()
-        if match is not None:
-            out.append(match.group(0).rstrip(".,"))
-            pos = match.end()
-            continue
-        match = _OTHER_RE.match(lowered, at)
-        if match is None:  # not reached: every start character begins one of the alternatives
-            pos = at + 1
-            continue
-        pos = match.end()
-        kind, value = match.lastgroup, match.group(0)
-        if kind == "cjk":
-            words = segment.words(value) if len(value) > 1 else (value,)  # one character is one word
-            out.extend(w for w in words if w.strip() and w not in _ZH_FUNCTION)
-        elif kind == "word":
-            if value.endswith(("'s", "’s")):
-                value = value[:-2]
-            if value not in _EN_FUNCTION and len(value) > 1:
-                out.append(value)
-        else:
-            out.append(value.rstrip(".,"))
-    return out
 
 
 # ------------------------------------------------------------------------------------------ archived turns

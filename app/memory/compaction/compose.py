@@ -28,7 +28,6 @@ Every figure is in tokens (the model's tokenizer) or counts of facts.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Iterable, Sequence
@@ -42,7 +41,7 @@ from app.memory.compaction.record import ABOUT, ASKED, ASSISTANT, PERSON, TOLD, 
     fit_record, mark_replaced, sentences, statement_lines
 from app.memory.context import format_pins, format_summary
 from app.memory.state import ThreadMessage, ThreadState, group_turns, number_turns
-from app.memory.text import fold
+from app.memory.words import key
 from app.memory.tokens import TokenCounter
 
 COPY_SHARE = 0.8
@@ -157,15 +156,11 @@ def _gist_adds(gist: str, folded_texts: Sequence[str], person_said: Sequence[str
     return asked or grounding(gist, ["\n".join(person_said)]) >= TOLD_SHARE
 
 
-def _plain(text: str) -> str:
-    return " ".join(re.sub(r"[^\w\s]", " ", fold(text)).split())
-
-
 def _copies(gist: str, texts: Sequence[str]) -> bool:
     """True when at least half of ``gist``'s sentences stand word for word in one of ``texts``."""
-    parts = [_plain(sentence) for sentence in sentences(gist)]
+    parts = [key(sentence) for sentence in sentences(gist)]
     parts = [p for p in parts if p]
-    return bool(parts) and any(2 * sum(p in plain for p in parts) >= len(parts) for plain in map(_plain, texts))
+    return bool(parts) and any(2 * sum(p in plain for p in parts) >= len(parts) for plain in map(key, texts))
 
 
 def _line_key(line: RecordLine) -> tuple[str, str]:

@@ -34,6 +34,9 @@ from __future__ import annotations
 
 import re
 
+import cn2an
+
+from app.memory import lexicon
 from app.memory.text import CJK_RE
 
 STATEMENT = "statement"
@@ -51,86 +54,44 @@ SHORT_CJK = 8
 """… or, in Chinese, at most this many characters (punctuation not counted)."""
 
 _WORD_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9'’-]*")
-_FIRST_PERSON_RE = re.compile(
-    r"\b(?:i|i'm|i’m|im|i've|i’ve|i'd|i’d|i'll|i’ll|my|me|mine|myself|we|we're|we’re|we've|we'll|our|ours|us)\b",
-    re.I)
-_ZH_FIRST_PERSON_RE = re.compile(r"我|咱")
+_ANY_WORD_RE = re.compile(r"\w")
+
+# The cues are data (app/memory/data/en.toml, zh.toml), built into patterns by ``lexicon``.
+_FIRST_PERSON_RE = lexicon.cue("en", "first_person")
+_ZH_FIRST_PERSON_RE = lexicon.cue("zh", "first_person")
 
 # --- English -------------------------------------------------------------------------------------
-_INTERJECTION = (r"(?:oh|ah|aw+|wow+|whoa|yay|woo+hoo+|woo+t?|hooray|yippee|haha|lol|hmm+|omg|ooh|ugh|yikes|gosh|oops|phew|hey|yo|"
-                 r"ok|okay|k|sure|yes|yeah|yep|yup|no|nope|nah|right|alright|all right|fine|cool|great|"
-                 r"nice|awesome|amazing|perfect|excellent|good|super|sweet|neat|lovely|brilliant|wonderful|"
-                 r"fantastic|totally|absolutely|exactly|indeed|true|definitely|certainly|of course|agreed|agree|"
-                 r"got it|gotcha|understood|noted|i see|makes sense|sounds good|sounds great|fair enough|"
-                 r"no problem|no worries|congrats|congratulations|bravo|well done)")
-_GREETING_RE = re.compile(r"^\W*(?:hi|hello|hey|hiya|howdy|yo|greetings|dear|(?:good )?(?:morning|afternoon|evening)|"
-                          r"good (?:night|day)|long time no see|(?:nice|good|great) to (?:see|hear from|meet) you|"
-                          r"bye|goodbye|see you|see ya|take care|talk (?:to you )?(?:soon|later)|cheers)\b", re.I)
-_THANKS_RE = re.compile(r"^\W*(?:(?:oh|ok|okay|wow|great|awesome),? )?(?:thanks|thank you|thank u|thx|ty|"
-                        r"many thanks|much appreciated|appreciate it|cheers)\b", re.I)
-_ACK_RE = re.compile(rf"^\W*{_INTERJECTION}\b", re.I)
-_LEADING_ACK_RE = re.compile(rf"^(?:\W*{_INTERJECTION}\b[\s,!.~…]*)+", re.I)
+_GREETING_RE = lexicon.cue("en", "greetings", at="start")
+_THANKS_RE = lexicon.thanks_pattern()
+_ACK_RE = lexicon.cue("en", "interjections", at="start")
+_LEADING_ACK_RE = lexicon.leading_interjections()
 _VOCATIVE_RE = re.compile(r"^(?:[\s,!.~…]*\b[A-Z][a-z]+\b)+[\s,!.~…]*$")
-_DEICTIC_EVAL_RE = re.compile(
-    r"^\W*(?:that|this|that's|thats|this is|that is|that was|this was|that sounds|that looks|sounds|looks)"
-    r"(?:\s+[A-Za-z'’-]+){0,3}\W*$", re.I)
-_ASK_START_RE = re.compile(
-    r"^\W*(?:what|what's|whats|why|how|how's|who|who's|whom|whose|where|where's|when|which|"
-    r"is|are|am|was|were|do|does|did|can|could|would|will|shall|should|may|might|have|has|had|"
-    r"isn't|aren't|don't|doesn't|didn't|won't|wouldn't|can't|couldn't|shouldn't|haven't|hasn't|"
-    r"any|anything|anyone|ever)\b", re.I)
-_REQUEST_RE = re.compile(
-    r"^\W*(?:(?:please|pls|ok|okay|so|and|now|then|also)[, ]+)*"
-    r"(?:(?:can|could|would|will) you (?:please |kindly )?|please |kindly |i'd like you to |i want you to |"
-    r"i need you to )?"
-    r"(?:explain|describe|tell me|tell us|give me|give us|show me|show us|list|summari[sz]e|translate|define|"
-    r"suggest|recommend|compare|write|draft|outline|calculate|convert|generate|help me|help us|let me know|"
-    r"walk me through|remind me (?:what|how|who|when|where|which|why)|find me|name)\b", re.I)
-_POLITE_ASK_RE = re.compile(r"^\W*(?:(?:can|could|would|will) you|please)\b", re.I)
-_REPLY_WORDS_RE = re.compile(
-    r"\b(?:answer|answers|reply|replies|respond|response|acknowledge|sentence|sentences|word|words|brief|"
-    r"briefly|short|shorter|concise|concisely|bullet|bullets|paragraph|summary|tl;?dr)\b", re.I)
-_REPLY_ONLY_RE = re.compile(
-    r"^\W*(?:(?:please|pls|ok|okay|so|and|now|then)[, ]+)*(?:just|only|simply|please|keep|answer|reply|respond|"
-    r"be|in|one|two|three|a|no need|don't|do not|use|make|acknowledge|say)\b", re.I)
+_DEICTIC_EVAL_RE = lexicon.evaluation_pattern()
+_ASK_START_RE = lexicon.cue("en", "ask_openers", at="start")
+_REQUEST_RE = lexicon.request_pattern()
+_POLITE_ASK_RE = lexicon.cue("en", "request_politeness", "asks", at="start")
+_REPLY_WORDS_RE = lexicon.cue("en", "reply_words")
+_REPLY_ONLY_RE = lexicon.reply_only_pattern()
+_FOR_ME_RE = lexicon.cue("en", "reply_words", "for_me")
 
 # --- Chinese -------------------------------------------------------------------------------------
-_ZH_QUESTION_END_RE = re.compile(r"(?:吗|嘛|么)[\s。.!！~～…]*$")
-_ZH_ASKS_RE = re.compile(r"(?:谁|什么|啥|怎么|怎样|怎么样|哪|几|多少|为什么|为啥|如何|是否|是不是|有没有|能不能|会不会|要不要)")
-_ZH_ASK_END_RE = re.compile(r"(?:啊|呀|哇|呢)[\s。.!！~～…]*$")
-_ZH_REQUEST_RE = re.compile(r"^\W*(?:请|麻烦|帮我|帮忙|给我|告诉我|跟我说|你(?:能|可以)|能不能|可不可以|可以帮|"
-                            r"解释|介绍一下|推荐|说说|讲讲|列出|列举|翻译|总结|写一|描述)")
-_ZH_GREETING_RE = re.compile(r"^\W*(?:你好|您好|大家好|嗨|哈喽|哈啰|嘿|早上好|上午好|下午好|晚上好|早安|晚安|早|再见|拜拜|回见)")
-_ZH_THANKS_RE = re.compile(r"^\W*(?:谢谢|多谢|感谢|谢啦|谢了|辛苦了)")
-_ZH_ACK_RE = re.compile(r"^(?:[\W\s]*(?:谢谢你?|多谢|感谢|好的|好吧|好啊|好呀|好|嗯+|哦+|噢|喔|啊|对的|对啊|对|是的|是啊|是|明白了?|了解了?|知道了|"
-                        r"收到|行|可以|没问题|哈+|原来如此|这样啊|不错|太好了|太棒了|厉害|真好|真棒|有道理|确实|当然|"
-                        r"没错|好厉害|真的|这样)(?:啊|呀|吧|哈|的|呢|了|哦|你|您)*)+[\W\s]*$")
-_ZH_REPLY_RE = re.compile(r"(?:一句话|两句话|简短|简单(?:地)?(?:回答|说|回复)|只(?:需|要)?(?:回答|回复|说)|不用解释|"
-                          r"不要解释|回答.{0,4}就行|回复.{0,4}就行|确认一下就行|说是或否)")
+_ZH_QUESTION_END_RE = lexicon.cue("zh", "questions", "particles", at="end")
+_ZH_ASKS_RE = lexicon.cue("zh", "questions", "interrogatives")
+_ZH_ASK_END_RE = lexicon.cue("zh", "questions", "ask_particles", at="end")
+_ZH_REQUEST_RE = lexicon.cue("zh", "requests", at="start")
+_ZH_GREETING_RE = lexicon.cue("zh", "greetings", at="start")
+_ZH_THANKS_RE = lexicon.cue("zh", "thanks", at="start")
+_ZH_ACK_RE = lexicon.zh_acknowledgement()
+_ZH_REPLY_RE = lexicon.cue("zh", "reply_instructions")
 
 # --- accepting an answer, correcting -------------------------------------------------------------
-_ORDINAL_EN = {"first": 1, "1st": 1, "second": 2, "2nd": 2, "third": 3, "3rd": 3, "fourth": 4, "4th": 4,
-               "fifth": 5, "5th": 5, "last": -1, "latter": -1, "former": 1}
-_ZH_NUMERALS = {"一": 1, "二": 2, "两": 2, "三": 3, "四": 4, "五": 5, "六": 6, "七": 7, "八": 8, "九": 9, "十": 10}
-_ACCEPT_EN_RE = re.compile(
-    r"\b(?:let'?s|let us|we'?ll|we will|i'?ll|i will|i'd|we'd|go|going|i'm going|we're going|gonna|i want|we want)"
-    r" (?:go with|use|take|pick|choose|try|do|stick with|keep|call it|name it|adopt|run with|book|order)\b"
-    r"|\b(?:go with|use|take|pick|choose|stick with) (?:that|this|it|those|these|yours|your|the (?:first|second|"
-    r"third|fourth|fifth|last|latter|former|one|same)|option|number|#)\b"
-    r"|^\W*(?:(?:ok|okay|yes|yeah|great|perfect|sure|alright|good|fine)\W+)*"
-    r"(?:that|this|it|the (?:first|second|third|fourth|fifth|last|latter|former)(?: one| option)?)"
-    r" (?:one )?(?:sounds|works|is perfect|is great|is good|looks good|it is|will do|is it|wins)\b"
-    r"|\b(?:i|we) (?:like|love|prefer|agree with|accept|approve) (?:that|this|it|those|these|your|the (?:first|"
-    r"second|third|fourth|fifth|last|latter|former|name|idea|plan|option|suggestion))\b", re.I)
-_ACCEPT_ZH_RE = re.compile(r"就用|就选|就定|就按|就这个|就这样|就它|用这个|用那个|选这个|选那个|选第|用第|第[一二两三四五六七八九十\d]+个|"
-                           r"那就|听你的|按你说的|照你说的|同意|就叫|就是它")
-_CORRECTION_EN_RE = re.compile(
-    r"\b(?:actually|correction|to correct|i meant|i mean|sorry,? (?:i|it|that|the)|scratch that|"
-    r"not .{1,40}? but|instead|rather than|changed? to|moved? to|moving to|switched? to|pushed (?:back )?to|"
-    r"postponed to|rescheduled|brought forward|no longer|any ?more|update:|now it'?s|it'?s now|is now|are now)\b",
-    re.I)
-_CORRECTION_ZH_RE = re.compile(r"改到|改成|改为|改在|改用|更正|纠正|其实|不是.{1,20}?而是|换成|换到|推迟到|延后到|提前到|"
-                               r"挪到|变成|不再|现在是|说错了|搞错了")
+_ORDINAL_EN = lexicon.ordinal_words()
+_ORDINAL_EN_RE = re.compile(rf"\b({lexicon.alternation(_ORDINAL_EN)})\b", re.I)
+_ACCEPT_EN_RE = lexicon.accept_pattern()
+_ACCEPT_ZH_RE = lexicon.cue("zh", "accept")
+_ZH_LAST_RE = lexicon.cue("zh", "accept", "last")
+_CORRECTION_EN_RE = lexicon.cue("en", "corrections")
+_CORRECTION_ZH_RE = lexicon.cue("zh", "corrections")
 
 
 def _plain_len(sentence: str) -> int:
@@ -168,7 +129,7 @@ def sentence_form(sentence: str) -> str:
         ``statement`` unless the form says the sentence carries nothing to keep.
     """
     text = sentence.strip()
-    if not text or not re.search(r"\w", text):
+    if not text or not _ANY_WORD_RE.search(text):
         return ACKNOWLEDGEMENT
     if accepts_answer(text):
         return STATEMENT  # it points at what was told: kept, with the answer's sentence (record.told_line)
@@ -193,7 +154,7 @@ def sentence_form(sentence: str) -> str:
     if _POLITE_ASK_RE.search(text) and _REPLY_WORDS_RE.search(text) is None and not _first_person(text):
         return REQUEST  # "Could you go through the steps again."
     if _REPLY_WORDS_RE.search(text) and _REPLY_ONLY_RE.search(text) and _plain_len(text) <= 10 \
-            and not _FIRST_PERSON_RE.search(re.sub(r"\b(?:give|tell|show) me\b", "", text, flags=re.I)):
+            and not _FIRST_PERSON_RE.search(_FOR_ME_RE.sub("", text)):
         return INSTRUCTION
     if _short(text) and not _first_person(text):
         if _THANKS_RE.search(text):
@@ -210,7 +171,7 @@ def _acknowledges(text: str) -> bool:
     was said ("That's really cool."); never a sentence that goes on to say something ("No, the meeting is
     on Tuesday")."""
     rest = _LEADING_ACK_RE.sub("", text, count=1)
-    if rest != text and (not re.search(r"\w", rest) or _VOCATIVE_RE.match(rest)):
+    if rest != text and (not _ANY_WORD_RE.search(rest) or _VOCATIVE_RE.match(rest)):
         return True
     return bool(_DEICTIC_EVAL_RE.match(rest))
 
@@ -252,29 +213,30 @@ def accepts_answer(sentence: str) -> bool:
 
 def ordinal_reference(sentence: str) -> int | None:
     """The item a sentence points at ("the second option": 2, "the last one": -1, ``第三个``: 3), or None."""
-    match = re.search(r"\b(first|1st|second|2nd|third|3rd|fourth|4th|fifth|5th|last|latter|former)\b", sentence, re.I)
+    match = _ORDINAL_EN_RE.search(sentence)
     if match:
         return _ORDINAL_EN[match.group(1).lower()]
-    match = re.search(r"\b(?:option|number|#) ?(\d)\b", sentence, re.I)
+    match = _NUMBERED_RE.search(sentence)
     if match:
-        return int(match.group(1))
-    match = re.search(r"第([一二两三四五六七八九十]|\d+)", sentence)
-    if match:
-        value = match.group(1)
-        return int(value) if value.isdigit() else _ZH_NUMERALS[value]
-    if re.search(r"最后一个", sentence):
+        number = match.group(1) or match.group(2)
+        try:
+            return int(number) if number.isdigit() else int(cn2an.cn2an(number, "smart"))
+        except ValueError:  # not a numeral cn2an reads (十十)
+            return None
+    if _ZH_LAST_RE.search(sentence):
         return -1
     return None
 
 
-_ORDINAL_WORDS = {1: r"first|1st|第一", 2: r"second|2nd|第二", 3: r"third|3rd|第三", 4: r"fourth|4th|第四",
-                  5: r"fifth|5th|第五", -1: r"last|最后"}
+_NUMBERED_RE = re.compile(r"\b(?:option|number|#) ?(\d)\b|第([一二两三四五六七八九十]{1,3}|\d+)", re.I)
 
 
 def names_ordinal(text: str, ordinal: int) -> bool:
     """True when ``text`` itself names the ``ordinal``-th item ("The second option is …", ``第二个是…``)."""
-    words = _ORDINAL_WORDS.get(ordinal)
-    return bool(words and re.search(rf"(?:\b(?:{words})\b|{words})", text, re.I))
+    english = [word for word, value in _ORDINAL_EN.items() if value == ordinal]
+    chinese = "最后" if ordinal == -1 else "第" + cn2an.an2cn(ordinal) if ordinal > 0 else ""
+    lowered = text.lower()
+    return any(word in lowered for word in english) or bool(chinese and chinese in text)
 
 
 def corrects(sentence: str) -> bool:

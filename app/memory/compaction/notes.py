@@ -26,20 +26,13 @@ from typing import Sequence
 from app.memory.compaction.facts import extract_facts, fact_present, states_decision
 from app.memory.state import ThreadMessage
 from app.memory.compaction.forms import is_question
-from app.memory.text import CJK, CJK_RE, fold
+from app.memory import words
+from app.memory.text import CJK_RE
 from app.memory.tokens import TokenCounter
 
 GROUNDING_SHARE = 0.6
 """Share of a note's content words (or Chinese character pairs) that must appear in one person message."""
-_WORD_RE = re.compile(r"[A-Za-z][A-Za-z'’-]{2,}")
-_STOPWORDS = frozenset("""
-the and for are but not you all any can her was one our out day get has him his how man new now old see two way
-who boy did its let put say she too use that with have this will your from they know want been good much some time
-very when come here just like long make many over such take than them well were what into more only also back
-after first even most other then there these think where which while would could should about their because
-person assistant decided decide decision prefer prefers preferred going
-""".split())
-
+_LIST_MARK_RE = re.compile(r"^\s*(?:[-*•]|\d+[.)])\s+")
 
 
 class NoteProblem(StrEnum):
@@ -56,29 +49,14 @@ class NoteProblem(StrEnum):
 
 
 def normalize_pin(text: str) -> str:
-    """Compare form of a decision or note: NFKC, case-folded, spaces collapsed, list marks and end punctuation removed."""
-    value = fold(text)
-    value = re.sub(r"^\s*(?:[-*•]|\d+[.)])\s+", "", value)
-    value = re.sub(r"\s+", " ", value).strip()
-    return value.strip(" .;:!\"'“”‘’。！；：")
-
-
-def content_units(text: str) -> set[str]:
-    """Content words (Latin, lower case, three letters or more, not stop words) and pairs of adjacent
-    Chinese characters of ``text``: what grounding and reference counts compare."""
-    lowered = fold(text)
-    units = {w for w in _WORD_RE.findall(lowered) if w not in _STOPWORDS}
-    for run in re.findall(f"[{CJK}]+", lowered):
-        units.update(run[i:i + 2] for i in range(len(run) - 1))
-    return units
+    """Compare form of a decision or note: its words (``words.key``: case, punctuation and spacing do not
+    count), without a leading list mark."""
+    return words.key(_LIST_MARK_RE.sub("", text, count=1))
 
 
 def grounding(text: str, sources: Sequence[str]) -> float:
-    """Largest share (0.0-1.0) of ``text``'s content units found in one of ``sources``."""
-    units = content_units(text)
-    if not units:
-        return 0.0
-    return max((len(units & content_units(s)) / len(units) for s in sources), default=0.0)
+    """Largest share (0.0-1.0) of ``text``'s tokens (``words.tokens``) found in one of ``sources``."""
+    return words.overlap(text, sources)
 
 
 def note_problem(text: str, folded: Sequence[ThreadMessage], existing: Sequence[str]) -> NoteProblem | None:
@@ -94,7 +72,7 @@ def note_problem(text: str, folded: Sequence[ThreadMessage], existing: Sequence[
     if is_question(text):
         return NoteProblem.QUESTION
     cjk = len(CJK_RE.findall(text))
-    if cjk < 4 and len(_WORD_RE.findall(text)) < 3:
+    if cjk < 4 and len(words.tokens(text, function_words=True)) < 3:
         return NoteProblem.BARE
     if not states_decision(text):
         return NoteProblem.NOT_DECISION
@@ -146,7 +124,7 @@ def merge_notes(old: Sequence[str], proposals: Sequence[str], folded: Sequence[T
     added: list[str] = []
     refused: list[tuple[str, NoteProblem]] = []
     for proposal in proposals:
-        text = re.sub(r"\s+", " ", proposal).strip()
+        text = " ".join(proposal.split())
         problem = NoteProblem.TOO_LONG if len(text) > max_chars else note_problem(text, folded, [*pins, *notes])
         if problem:
             refused.append((text, problem))

@@ -53,7 +53,7 @@ dropping anything, and reports every line and fact it had to let go:
 6. lines of an earlier free-text summary, oldest first;
 7. ``Person:`` lines, least referenced first, then oldest.
 
-"Referenced" counts how many of a line's retrieval tokens (``app.memory.recall.tokenize``: words,
+"Referenced" counts how many of a line's retrieval tokens (``app.memory.words.tokens``: words,
 identifiers and numbers, Chinese words) appear in the rest of memory (other lines, notes, pins and the turns kept verbatim).  Every folded turn
 stays in the thread's archive (``app.store.archive``) whatever the record lets go, and is
 recalled from there when a new message asks for it (``app.memory.recall``).
@@ -69,8 +69,8 @@ from typing import Iterable, Sequence
 from app.memory.cache import ByteCache, text_bytes
 from app.memory.compaction import forms
 from app.memory.compaction.facts import extract_facts, fact_present, states_decision
-from app.memory.compaction.notes import content_units
-from app.memory.recall import tokenize
+from app.memory.words import token_set
+from app.memory.words import tokens as tokenize
 from app.memory.record import (ABOUT, ASKED, ASSISTANT, HEADER, LABELS, PERSON, TEXT, TOLD,  # noqa: F401 (re-exported)
                                Record, RecordLine)
 from app.memory.state import ThreadMessage
@@ -328,8 +328,8 @@ def told_line(person_text: str, previous_answer: str, own_answer: str, number: i
     elif naming:
         chosen = naming[0]
     else:
-        wanted = content_units(person_text + "\n" + (own_answer if previous_answer.strip() else ""))
-        scored = [(len(content_units(item) & wanted), -index, item) for index, item in enumerate(items)]
+        wanted = token_set(person_text + "\n" + (own_answer if previous_answer.strip() else ""))
+        scored = [(len(token_set(item) & wanted), -index, item) for index, item in enumerate(items)]
         best = max(scored)
         chosen = best[2] if best[0] > 0 else next((i for i in items if re.search(r"[\"“「《'‘]", i)), items[0])
     return RecordLine(TOLD, _cut(re.sub(r"\s+", " ", chosen).strip(), TOLD_MAX_CHARS), number)
@@ -372,7 +372,7 @@ def mark_replaced(lines: Sequence[RecordLine]) -> tuple[RecordLine, ...]:
 
     Grounded only: the later line corrects (``forms.corrects``: "moved to", "actually", ``改到``, ...), comes
     from a later turn, and holds at least ``REPLACED_SHARE`` of the earlier line's words
-    (``app.memory.recall.tokenize``: content words, identifiers and numbers, Chinese words; and at least one); the earlier line keeps its text (the model reads both, in order).  Lines already marked stay
+    (``app.memory.words.tokens``: content words, identifiers and numbers, Chinese words; and at least one); the earlier line keeps its text (the model reads both, in order).  Lines already marked stay
     as they are.
     """
     out = list(lines)

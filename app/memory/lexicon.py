@@ -1,0 +1,296 @@
+"""The memory rules' word lists and the patterns built from them: the one place both come from.
+
+The lists live in per-language data files beside this module (``data/en.toml``, ``data/zh.toml``; the
+fact guard's named patterns in ``data/facts.toml``), each list with the rule group it belongs to and
+where it came from.  This module reads them once and builds the patterns the rules match with; the
+rules (``compaction.forms``, ``compaction.facts``, ``recall``, ``compaction.record``) and the tests
+read the same tables.
+
+Rule groups: every list and every switchable step names a group (``GROUPS``).  Setting the environment
+variable ``MEMORY_RULES_OFF`` to comma-separated group names switches those groups off in the process
+(read at import): a list of a switched-off group is empty, a pattern built from it matches nothing, a
+step of it is skipped.  ``bench/ablation.py`` measures each group that way (docs/ablation.md); the
+service never sets it.
+
+Entries are plain phrases: built patterns escape them.  Two marks only: a ``+`` after a letter lets it
+repeat (``hmm+``), and ``…`` stands for a short gap (up to 40 characters in English, 20 in Chinese).
+
+Raises (at import):
+    ValueError: ``MEMORY_RULES_OFF`` names a group that does not exist.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from functools import cache
+from pathlib import Path
+from typing import Any, Iterable
+
+from app.memory.text import CJK
+
+DATA = Path(__file__).with_name("data")
+
+POLICY_STEPS = ("policy.about", "policy.replaced", "policy.shorten", "policy.redundant", "policy.assistant",
+                "policy.text", "policy.person")
+"""The steps of the record's fitting policy (``compaction.record.fit_record``), in the order it tries them."""
+
+NEVER = re.compile(r"(?!)")
+"""A pattern that matches nothing: what a pattern of a switched-off group becomes."""
+
+
+@cache
+def table(name: str) -> dict[str, Any]:
+    """The parsed data file ``data/<name>.toml`` (``en``, ``zh``, ``facts``).
+
+    Raises:
+        FileNotFoundError: no such file.
+    """
+    with (DATA / f"{name}.toml").open("rb") as handle:
+        return tomllib.load(handle)
+
+
+def _groups() -> tuple[str, ...]:
+    found: dict[str, None] = {}
+    for language in ("en", "zh"):
+        for entry in table(language).values():
+            found.setdefault(entry["group"])
+    for script in table("facts").values():
+        for entry in script.values():
+            found.setdefault(entry["group"])
+    for step in POLICY_STEPS:
+        found.setdefault(step)
+    return tuple(found)
+
+
+GROUPS: tuple[str, ...] = _groups()
+"""Every rule group's name, in the order the data files list them, then the fitting policy's steps."""
+
+
+def _switched_off() -> frozenset[str]:
+    names = frozenset(n.strip() for n in os.environ.get("MEMORY_RULES_OFF", "").split(",") if n.strip())
+    unknown = sorted(names - set(GROUPS))
+    if unknown:
+        raise ValueError(f"MEMORY_RULES_OFF names unknown rule groups: {', '.join(unknown)} "
+                         f"(known: {', '.join(GROUPS)})")
+    return names
+
+
+OFF: frozenset[str] = _switched_off()
+"""The rule groups switched off in this process (empty unless a benchmark set ``MEMORY_RULES_OFF``)."""
+
+
+def on(group: str) -> bool:
+    """True unless ``group`` is switched off.
+
+    Raises:
+        KeyError: ``group`` is not one of ``GROUPS``.
+    """
+    if group not in GROUPS:
+        raise KeyError(group)
+    return group not in OFF
+
+
+def words(language: str, section: str, key: str = "words") -> tuple[str, ...]:
+    """The entries of one list: ``data/<language>.toml`` ``[section]`` ``key``, lower-cased for English.
+
+    A list written as one string is split on white space (or into characters, for ``surnames``-like strings
+    without spaces).  Empty when the section's group is switched off.
+
+    Raises:
+        KeyError: no such section or key.
+    """
+    entry = table(language)[section]
+    if not on(entry["group"]):
+        return ()
+    value = entry[key]
+    if isinstance(value, str):
+        return tuple(value.split()) if any(ch.isspace() for ch in value.strip()) else tuple(value.strip())
+    return tuple(value)
+
+
+def word_set(language: str, section: str, key: str = "words") -> frozenset[str]:
+    """``words(...)`` as a set (lower case for English entries)."""
+    entries = words(language, section, key)
+    return frozenset(e.lower() for e in entries) if language == "en" else frozenset(entries)
+
+
+def mapping(language: str, section: str) -> dict[str, int]:
+    """A table of numbers, such as ``[ordinals]`` (empty when its group is switched off)."""
+    entry = table(language)[section]
+    if not on(entry["group"]):
+        return {}
+    return {k: v for k, v in entry.items() if isinstance(v, int)}
+
+
+# --------------------------------------------------------------------------------------------- patterns
+
+
+def phrase(entry: str, *, gap: int = 40) -> str:
+    """The pattern of one entry: escaped; ``x+`` lets ``x`` repeat; ``…`` is a gap of 1 to ``gap``
+    characters (lazy)."""
+    out = []
+    for piece in re.split(r"(…)", entry):
+        if piece == "…":
+            out.append(f".{{1,{gap}}}?")
+            continue
+        for index, char in enumerate(piece):
+            if char == "+" and index > 0:
+                out.append("+")
+            else:
+                out.append(re.escape(char))
+    return "".join(out)
+
+
+def alternation(entries: Iterable[str], *, gap: int = 40) -> str:
+    """``(?:a|b|…)`` of the entries' patterns, longest entry first; ``(?!)`` (nothing) when there is none."""
+    unique = sorted(set(entries), key=lambda e: (-len(e), e))
+    if not unique:
+        return "(?!)"
+    return "(?:" + "|".join(phrase(e, gap=gap) for e in unique) + ")"
+
+
+def compile_en(body: str) -> re.Pattern[str]:
+    """An English cue pattern (case-insensitive)."""
+    return re.compile(body, re.I)
+
+
+def compile_zh(body: str) -> re.Pattern[str]:
+    """A Chinese cue pattern."""
+    return re.compile(body)
+
+
+def zh_alternation(entries: Iterable[str]) -> str:
+    """``alternation`` for Chinese entries (gaps of up to 20 characters)."""
+    return alternation(entries, gap=20)
+
+
+# --------------------------------------------------------------------------------------------- fact kinds
+
+MONTH = (r"(?:Jan(?:uary)?|Feb(?:ruary)?|Mar(?:ch)?|Apr(?:il)?|May|June?|July?|Aug(?:ust)?|"
+         r"Sep(?:t(?:ember)?)?|Oct(?:ober)?|Nov(?:ember)?|Dec(?:ember)?)")
+ZH_DIGIT = "零〇一二两三四五六七八九十百千万亿"
+ZH_NUM = rf"(?:(?<!\d)\d+(?:\.\d+)?|(?<![{ZH_DIGIT}])[{ZH_DIGIT}]+)"
+"""A number, Arabic or Chinese; it starts where its run of digits starts."""
+
+
+def _unit_alternation(key: str) -> str:
+    entries = table("zh")["units"][key]
+    return "|".join(re.escape(e) for e in sorted(entries, key=lambda e: (-len(e), e)))
+
+
+@cache
+def fact_patterns(script: str) -> tuple[tuple[str, re.Pattern[str]], ...]:
+    """``(kind, pattern)`` of every fact kind of ``script`` (``latin`` or ``zh``) whose group is on.
+
+    Raises:
+        KeyError: no such script.
+    """
+    pieces = {"A": r"(?<![A-Za-z0-9])", "Z": r"(?![A-Za-z0-9])", "MONTH": MONTH, "CJK": CJK,
+              "ZH_DIGIT": ZH_DIGIT, "ZH_NUM": ZH_NUM, "ZH_UNITS": _unit_alternation("units"),
+              "ZH_COUNTERS": _unit_alternation("counters")}
+    built = []
+    for kind, entry in table("facts")[script].items():
+        if not on(entry["group"]):
+            continue
+        body = re.sub(r"<<(\w+)>>", lambda m: pieces[m.group(1)], entry["pattern"])
+        built.append((kind, re.compile(body, re.A if entry.get("ascii") else 0)))
+    return tuple(built)
+
+
+# --------------------------------------------------------------------------------------------- cue patterns
+
+_ZH_END = r"[\s。.!！~～…]*$"
+
+
+@cache
+def cue(language: str, section: str, key: str = "words", at: str = "anywhere") -> re.Pattern[str]:
+    """The pattern of one list: its entries ``at`` the sentence's ``start`` (after punctuation),
+    ``anywhere`` or at its ``end`` (before closing punctuation); English on word boundaries, case-insensitive.
+
+    Matches nothing when the list's group is switched off.
+
+    Raises:
+        KeyError: no such list; ValueError: ``at`` is none of the three.
+    """
+    entries = words(language, section, key)
+    if language == "en":
+        body = {"start": r"^\W*{}\b", "anywhere": r"\b{}\b", "end": r"\b{}\W*$"}[at].format(alternation(entries))
+        return re.compile(body, re.I)
+    if at not in ("start", "anywhere", "end"):
+        raise ValueError(at)
+    body = {"start": r"^\W*{}", "anywhere": "{}", "end": "{}" + _ZH_END}[at].format(zh_alternation(entries))
+    return re.compile(body)
+
+
+def ordinal_words(language: str = "en") -> dict[str, int]:
+    """English ordinal words and their positions (``{"first": 1, …, "last": -1}``; ``[ordinals]``)."""
+    return mapping(language, "ordinals")
+
+
+@cache
+def request_pattern() -> re.Pattern[str]:
+    """An English request: fillers, a polite frame, then a verb that asks for an answer ("ok, could you
+    please explain …")."""
+    fillers = alternation(words("en", "request_fillers"))
+    polite = alternation(words("en", "request_politeness"))
+    return re.compile(rf"^\W*(?:{fillers}[, ]+)*(?:{polite} )?{alternation(words('en', 'request_verbs'))}\b", re.I)
+
+
+@cache
+def reply_only_pattern() -> re.Pattern[str]:
+    """An English sentence that opens as an instruction about the reply ("just one sentence", "keep it short")."""
+    fillers = alternation(words("en", "request_fillers"))
+    return re.compile(rf"^\W*(?:{fillers}[, ]+)*{alternation(words('en', 'reply_words', 'openers'))}\b", re.I)
+
+
+@cache
+def thanks_pattern() -> re.Pattern[str]:
+    """An English thank-you, optionally after a short interjection ("oh, thanks")."""
+    opener = alternation(words("en", "thanks", "openers"))
+    return re.compile(rf"^\W*(?:{opener},? )?{alternation(words('en', 'thanks'))}\b", re.I)
+
+
+@cache
+def leading_interjections() -> re.Pattern[str]:
+    """The run of interjections that opens an English sentence ("Oh wow, …")."""
+    return re.compile(rf"^(?:\W*{alternation(words('en', 'interjections'))}\b[\s,!.~…]*)+", re.I)
+
+
+@cache
+def evaluation_pattern() -> re.Pattern[str]:
+    """A whole short evaluation of what was said ("That's really cool!"): an opener and up to three words."""
+    return re.compile(rf"^\W*{alternation(words('en', 'evaluations'))}(?:\s+[A-Za-z'’-]+){{0,3}}\W*$", re.I)
+
+
+@cache
+def zh_acknowledgement() -> re.Pattern[str]:
+    """A Chinese sentence made only of acknowledgements and their particles (``好的好的``, ``嗯嗯，明白了``)."""
+    ack = zh_alternation(words("zh", "acknowledgements"))
+    particle = zh_alternation(words("zh", "acknowledgements", "particles"))
+    return re.compile(rf"^(?:[\W\s]*{ack}(?:{particle})*)+[\W\s]*$")
+
+
+@cache
+def accept_pattern() -> re.Pattern[str]:
+    """An English sentence that accepts or points at what the assistant offered ("let's go with the second
+    one", "that works", "I like that name")."""
+    def a(key: str, extra: Iterable[str] = ()) -> str:
+        return alternation([*words("en", "accept", key), *extra])
+    ordinals = [w for w in ordinal_words() if w.isalpha()]
+    the = [f"the {w}" for w in ordinals]
+    verdict_subjects = [*the, *(f"{t} one" for t in the), *(f"{t} option" for t in the)]
+    return re.compile(
+        rf"\b{a('subjects')} {a('verbs')}\b"
+        rf"|\b{a('pointing_verbs')} {a('pointers', the)}\b"
+        rf"|^\W*(?:{a('verdict_openers')}\W+)*{a('verdict_subjects', verdict_subjects)} (?:one )?{a('verdicts')}\b"
+        rf"|\b{a('likes')} {a('liked', the)}\b", re.I)
+
+
+@cache
+def zh_preference() -> re.Pattern[str]:
+    """The person's own preference in Chinese: a subject, an optional adverb, a verb (``我更喜欢``)."""
+    def a(key: str) -> str:
+        return zh_alternation(words("zh", "decisions", key))
+    return re.compile(rf"{a('subjects')}(?:{a('adverbs')})?{a('preferences')}")
