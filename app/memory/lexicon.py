@@ -36,9 +36,6 @@ POLICY_STEPS = ("policy.about", "policy.replaced", "policy.shorten", "policy.red
                 "policy.text", "policy.person")
 """The steps of the record's fitting policy (``compaction.record.fit_record``), in the order it tries them."""
 
-NEVER = re.compile(r"(?!)")
-"""A pattern that matches nothing: what a pattern of a switched-off group becomes."""
-
 
 @cache
 def table(name: str) -> dict[str, Any]:
@@ -131,15 +128,13 @@ def phrase(entry: str, *, gap: int = 40) -> str:
     """The pattern of one entry: escaped; ``x+`` lets ``x`` repeat; ``…`` is a gap of 1 to ``gap``
     characters (lazy)."""
     out = []
-    for piece in re.split(r"(…)", entry):
-        if piece == "…":
+    for index, char in enumerate(entry):
+        if char == "…":
             out.append(f".{{1,{gap}}}?")
-            continue
-        for index, char in enumerate(piece):
-            if char == "+" and index > 0:
-                out.append("+")
-            else:
-                out.append(re.escape(char))
+        elif char == "+" and index > 0:
+            out.append("+")
+        else:
+            out.append(re.escape(char))
     return "".join(out)
 
 
@@ -151,14 +146,13 @@ def alternation(entries: Iterable[str], *, gap: int = 40) -> str:
     return "(?:" + "|".join(phrase(e, gap=gap) for e in unique) + ")"
 
 
-def compile_en(body: str) -> re.Pattern[str]:
-    """An English cue pattern (case-insensitive)."""
-    return re.compile(body, re.I)
+def build(body: str, flags: int = 0) -> re.Pattern[str]:
+    """The one place the memory rules' patterns are compiled (``flags``: ``re`` flags).
 
-
-def compile_zh(body: str) -> re.Pattern[str]:
-    """A Chinese cue pattern."""
-    return re.compile(body)
+    Raises:
+        re.error: ``body`` is not a pattern (a data file's entry gone wrong).
+    """
+    return re.compile(body, flags)
 
 
 def zh_alternation(entries: Iterable[str]) -> str:
@@ -194,8 +188,10 @@ def fact_patterns(script: str) -> tuple[tuple[str, re.Pattern[str]], ...]:
     for kind, entry in table("facts")[script].items():
         if not on(entry["group"]):
             continue
-        body = re.sub(r"<<(\w+)>>", lambda m: pieces[m.group(1)], entry["pattern"])
-        built.append((kind, re.compile(body, re.A if entry.get("ascii") else 0)))
+        body = entry["pattern"]
+        for name, piece in pieces.items():
+            body = body.replace(f"<<{name}>>", piece)
+        built.append((kind, build(body, re.A if entry.get("ascii") else 0)))
     return tuple(built)
 
 
@@ -217,11 +213,11 @@ def cue(language: str, section: str, key: str = "words", at: str = "anywhere") -
     entries = words(language, section, key)
     if language == "en":
         body = {"start": r"^\W*{}\b", "anywhere": r"\b{}\b", "end": r"\b{}\W*$"}[at].format(alternation(entries))
-        return re.compile(body, re.I)
+        return build(body, re.I)
     if at not in ("start", "anywhere", "end"):
         raise ValueError(at)
     body = {"start": r"^\W*{}", "anywhere": "{}", "end": "{}" + _ZH_END}[at].format(zh_alternation(entries))
-    return re.compile(body)
+    return build(body)
 
 
 def ordinal_words(language: str = "en") -> dict[str, int]:
@@ -230,38 +226,44 @@ def ordinal_words(language: str = "en") -> dict[str, int]:
 
 
 @cache
+def ordinal_pattern() -> re.Pattern[str]:
+    """An English ordinal word (group 1: the word as written)."""
+    return build(rf"\b({alternation(ordinal_words())})\b", re.I)
+
+
+@cache
 def request_pattern() -> re.Pattern[str]:
     """An English request: fillers, a polite frame, then a verb that asks for an answer ("ok, could you
     please explain …")."""
     fillers = alternation(words("en", "request_fillers"))
     polite = alternation(words("en", "request_politeness"))
-    return re.compile(rf"^\W*(?:{fillers}[, ]+)*(?:{polite} )?{alternation(words('en', 'request_verbs'))}\b", re.I)
+    return build(rf"^\W*(?:{fillers}[, ]+)*(?:{polite} )?{alternation(words('en', 'request_verbs'))}\b", re.I)
 
 
 @cache
 def reply_only_pattern() -> re.Pattern[str]:
     """An English sentence that opens as an instruction about the reply ("just one sentence", "keep it short")."""
     fillers = alternation(words("en", "request_fillers"))
-    return re.compile(rf"^\W*(?:{fillers}[, ]+)*{alternation(words('en', 'reply_words', 'openers'))}\b", re.I)
+    return build(rf"^\W*(?:{fillers}[, ]+)*{alternation(words('en', 'reply_words', 'openers'))}\b", re.I)
 
 
 @cache
 def thanks_pattern() -> re.Pattern[str]:
     """An English thank-you, optionally after a short interjection ("oh, thanks")."""
     opener = alternation(words("en", "thanks", "openers"))
-    return re.compile(rf"^\W*(?:{opener},? )?{alternation(words('en', 'thanks'))}\b", re.I)
+    return build(rf"^\W*(?:{opener},? )?{alternation(words('en', 'thanks'))}\b", re.I)
 
 
 @cache
 def leading_interjections() -> re.Pattern[str]:
     """The run of interjections that opens an English sentence ("Oh wow, …")."""
-    return re.compile(rf"^(?:\W*{alternation(words('en', 'interjections'))}\b[\s,!.~…]*)+", re.I)
+    return build(rf"^(?:\W*{alternation(words('en', 'interjections'))}\b[\s,!.~…]*)+", re.I)
 
 
 @cache
 def evaluation_pattern() -> re.Pattern[str]:
     """A whole short evaluation of what was said ("That's really cool!"): an opener and up to three words."""
-    return re.compile(rf"^\W*{alternation(words('en', 'evaluations'))}(?:\s+[A-Za-z'’-]+){{0,3}}\W*$", re.I)
+    return build(rf"^\W*{alternation(words('en', 'evaluations'))}(?:\s+[A-Za-z'’-]+){{0,3}}\W*$", re.I)
 
 
 @cache
@@ -269,7 +271,7 @@ def zh_acknowledgement() -> re.Pattern[str]:
     """A Chinese sentence made only of acknowledgements and their particles (``好的好的``, ``嗯嗯，明白了``)."""
     ack = zh_alternation(words("zh", "acknowledgements"))
     particle = zh_alternation(words("zh", "acknowledgements", "particles"))
-    return re.compile(rf"^(?:[\W\s]*{ack}(?:{particle})*)+[\W\s]*$")
+    return build(rf"^(?:[\W\s]*{ack}(?:{particle})*)+[\W\s]*$")
 
 
 @cache
@@ -281,7 +283,7 @@ def accept_pattern() -> re.Pattern[str]:
     ordinals = [w for w in ordinal_words() if w.isalpha()]
     the = [f"the {w}" for w in ordinals]
     verdict_subjects = [*the, *(f"{t} one" for t in the), *(f"{t} option" for t in the)]
-    return re.compile(
+    return build(
         rf"\b{a('subjects')} {a('verbs')}\b"
         rf"|\b{a('pointing_verbs')} {a('pointers', the)}\b"
         rf"|^\W*(?:{a('verdict_openers')}\W+)*{a('verdict_subjects', verdict_subjects)} (?:one )?{a('verdicts')}\b"
@@ -293,4 +295,4 @@ def zh_preference() -> re.Pattern[str]:
     """The person's own preference in Chinese: a subject, an optional adverb, a verb (``我更喜欢``)."""
     def a(key: str) -> str:
         return zh_alternation(words("zh", "decisions", key))
-    return re.compile(rf"{a('subjects')}(?:{a('adverbs')})?{a('preferences')}")
+    return build(rf"{a('subjects')}(?:{a('adverbs')})?{a('preferences')}")

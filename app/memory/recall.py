@@ -120,7 +120,7 @@ class _Scorer(BM25Plus):
         self.doc_freqs = doc_freqs
         self.doc_len = doc_len
         self.avgdl = (sum(doc_len) / len(doc_len)) if doc_len else 0.0
-        self.idf = {}
+        self.idf: dict[str, float] = {}
         self.tokenizer = None
         if nd:
             self._calc_idf(nd)
@@ -235,7 +235,7 @@ class ArchiveIndex:
             return []
         if len(wanted) > MAX_QUERY_TOKENS:  # the rarest tokens say most about which turn is meant
             order = {t: i for i, t in enumerate(wanted)}
-            wanted = sorted(sorted(wanted, key=lambda t: (self._nd[t], order[t]))[:MAX_QUERY_TOKENS], key=order.get)
+            wanted = sorted(sorted(wanted, key=lambda t: (self._nd[t], order[t]))[:MAX_QUERY_TOKENS], key=order.__getitem__)
         if self._scorer is None:
             self._scorer = _Scorer(self._freqs, self._lens, self._nd)
         candidates = sorted({p - self._offset for t in wanted for p in self._postings[t]})[-MAX_CANDIDATES:]

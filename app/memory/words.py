@@ -56,7 +56,8 @@ def tokens(text: str, *, function_words: bool = False) -> list[str]:
         if at >= no_id_before and lowered[at] in _ALNUM:
             match = _ID_RE.match(lowered, at)
             if match is None:
-                no_id_before = _ALNUM_RUN_RE.match(lowered, at).end()
+                run = _ALNUM_RUN_RE.match(lowered, at)  # always matches (it may match nothing)
+                no_id_before = run.end() if run else at
         if match is not None:
             out.append(match.group(0).rstrip(".,"))
             pos = match.end()

@@ -42,7 +42,6 @@ _UPPER_UNITS = frozenset(lexicon.words("en", "units", "upper"))
 _EXCLUDED_TOKENS = frozenset(lexicon.words("en", "units", "not_facts"))
 _NUMBER = r"[$€£¥]?\d{1,3}(?:,\d{3})+(?:\.\d+)?|[$€£¥]?\d+(?:\.\d+)?"
 _NUMBER_UNIT_RE = re.compile(rf"(?<![\w.,$€£¥-])({_NUMBER})(%|(?: ?)([A-Za-z][A-Za-z]*)\b)?", re.A)
-_ORDINAL_RE = re.compile(r"^\d+(?:st|nd|rd|th)$")
 _TRAILING = ".,;:!?)]}'\"’”。，；：！？）】」"
 
 _NAMES = lexicon.on("facts.names")
@@ -58,7 +57,6 @@ _ZH_TOP_SURNAMES = frozenset(lexicon.words("zh", "names", "top_surnames"))
 _ZH_COMPOUND_SURNAMES = lexicon.words("zh", "names", "compound_surnames")
 _ZH_NOT_NAMES = frozenset(lexicon.words("zh", "names", "not_names"))
 _NON_SPACE_RE = re.compile(r"\S+")
-_ZH_COUNTING_RE = re.compile(r"[一二两三四五六七八九十]个(?:月|人)?")
 
 # ------------------------------------------------------------------------------------------ decisions
 
@@ -109,6 +107,16 @@ def _names(text: str) -> list[tuple[int, str]]:
     return found
 
 
+def _ordinal(value: str) -> bool:
+    """True for an ordinal number such as ``21st``."""
+    return value[:-2].isdigit() and value[:-2].isascii() and value[-2:] in ("st", "nd", "rd", "th")
+
+
+def _counting_word(value: str) -> bool:
+    """True for ``一个``, ``两个``, ``三个人``: counting words, not facts (``一个月`` is a duration)."""
+    return value[:1] in "一二两三四五六七八九十" and value[1:] in ("个", "个人") and len(value) > 1
+
+
 def _initial(word: str) -> bool:
     """True for an initial such as ``J.``."""
     return len(word) == 2 and word[1] == "." and "A" <= word[0] <= "Z"
@@ -120,7 +128,7 @@ def _latin(text: str) -> list[tuple[int, str]]:
         for match in pattern.finditer(text):
             value = match.group(1) if match.groups() else match.group(0)
             value = value if value.endswith("%") else value.rstrip(_TRAILING)
-            if not value or value in _EXCLUDED_TOKENS or _ORDINAL_RE.match(value):
+            if not value or value in _EXCLUDED_TOKENS or _ordinal(value):
                 continue
             spans.append((match.start(), value))
     for match in _NUMBER_UNIT_RE.finditer(text) if _NUMBERS else ():
@@ -142,7 +150,7 @@ def _chinese(text: str) -> list[tuple[int, str]]:
     for pattern in _ZH_PATTERNS:
         for match in pattern.finditer(text):
             value = match.group(0).rstrip(_TRAILING)
-            if _ZH_COUNTING_RE.fullmatch(value) and "个月" not in value:
+            if _counting_word(value):
                 continue  # 一个, 两个: counting words, not facts
             spans.append((match.start(), value))
     if not _ZH_NAMES:

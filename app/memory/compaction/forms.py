@@ -54,7 +54,6 @@ SHORT_CJK = 8
 """… or, in Chinese, at most this many characters (punctuation not counted)."""
 
 _WORD_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9'’-]*")
-_ANY_WORD_RE = re.compile(r"\w")
 
 # The cues are data (app/memory/data/en.toml, zh.toml), built into patterns by ``lexicon``.
 _FIRST_PERSON_RE = lexicon.cue("en", "first_person")
@@ -86,12 +85,17 @@ _ZH_REPLY_RE = lexicon.cue("zh", "reply_instructions")
 
 # --- accepting an answer, correcting -------------------------------------------------------------
 _ORDINAL_EN = lexicon.ordinal_words()
-_ORDINAL_EN_RE = re.compile(rf"\b({lexicon.alternation(_ORDINAL_EN)})\b", re.I)
+_ORDINAL_EN_RE = lexicon.ordinal_pattern()
 _ACCEPT_EN_RE = lexicon.accept_pattern()
 _ACCEPT_ZH_RE = lexicon.cue("zh", "accept")
 _ZH_LAST_RE = lexicon.cue("zh", "accept", "last")
 _CORRECTION_EN_RE = lexicon.cue("en", "corrections")
 _CORRECTION_ZH_RE = lexicon.cue("zh", "corrections")
+
+
+def _has_word(text: str) -> bool:
+    """True when ``text`` holds a letter, a digit or ``_`` (what ``\\w`` matches)."""
+    return any(ch.isalnum() or ch == "_" for ch in text)
 
 
 def _plain_len(sentence: str) -> int:
@@ -129,7 +133,7 @@ def sentence_form(sentence: str) -> str:
         ``statement`` unless the form says the sentence carries nothing to keep.
     """
     text = sentence.strip()
-    if not text or not _ANY_WORD_RE.search(text):
+    if not _has_word(text):
         return ACKNOWLEDGEMENT
     if accepts_answer(text):
         return STATEMENT  # it points at what was told: kept, with the answer's sentence (record.told_line)
@@ -171,7 +175,7 @@ def _acknowledges(text: str) -> bool:
     was said ("That's really cool."); never a sentence that goes on to say something ("No, the meeting is
     on Tuesday")."""
     rest = _LEADING_ACK_RE.sub("", text, count=1)
-    if rest != text and (not _ANY_WORD_RE.search(rest) or _VOCATIVE_RE.match(rest)):
+    if rest != text and (not _has_word(rest) or _VOCATIVE_RE.match(rest)):
         return True
     return bool(_DEICTIC_EVAL_RE.match(rest))
 

@@ -69,6 +69,7 @@ from typing import Iterable, Sequence
 from app.memory.cache import ByteCache, text_bytes
 from app.memory.compaction import forms
 from app.memory.compaction.facts import extract_facts, fact_present, states_decision
+from app.memory import lexicon
 from app.memory.words import token_set
 from app.memory.words import tokens as tokenize
 from app.memory.record import (ABOUT, ASKED, ASSISTANT, HEADER, LABELS, PERSON, TEXT, TOLD,  # noqa: F401 (re-exported)
@@ -295,7 +296,7 @@ def _answer_items(text: str) -> list[str]:
     """An answer's items: its list items when it has a list, else its sentences."""
     plain = FENCED_CODE_RE.sub(" ", text)
     items = [_ITEM_RE.sub("", line).strip() for line in plain.split("\n") if _ITEM_RE.match(line)]
-    items = [re.sub(r"\*\*|__", "", item) for item in items if item]
+    items = [item.replace("**", "").replace("__", "") for item in items if item]
     return items if len(items) >= 2 else sentences(plain)
 
 
@@ -331,8 +332,8 @@ def told_line(person_text: str, previous_answer: str, own_answer: str, number: i
         wanted = token_set(person_text + "\n" + (own_answer if previous_answer.strip() else ""))
         scored = [(len(token_set(item) & wanted), -index, item) for index, item in enumerate(items)]
         best = max(scored)
-        chosen = best[2] if best[0] > 0 else next((i for i in items if re.search(r"[\"“「《'‘]", i)), items[0])
-    return RecordLine(TOLD, _cut(re.sub(r"\s+", " ", chosen).strip(), TOLD_MAX_CHARS), number)
+        chosen = best[2] if best[0] > 0 else next((i for i in items if any(q in i for q in "\"“「《'‘")), items[0])
+    return RecordLine(TOLD, _cut(" ".join(chosen.split()), TOLD_MAX_CHARS), number)
 
 
 def asks(turn: Sequence[ThreadMessage]) -> bool:
@@ -460,6 +461,8 @@ def fit_record(record: Record, *, max_chars: int, max_tokens: int, counter: Toke
 
     def drop_where(step: str, predicate, order=None) -> bool:
         nonlocal dropped
+        if not lexicon.on(f"policy.{step}"):  # switched off (``lexicon``: a benchmark's ablation)
+            return fits()
         candidates = [line for line in lines if predicate(line)]
         if order is not None:
             candidates.sort(key=order)
@@ -478,7 +481,7 @@ def fit_record(record: Record, *, max_chars: int, max_tokens: int, counter: Toke
         return _done(record, lines, dropped, shortened, steps, original_facts)
     if drop_where("replaced", lambda line: bool(line.replaced_by)):
         return _done(record, lines, dropped, shortened, steps, original_facts)
-    for i, line in enumerate(lines):
+    for i, line in enumerate(lines if lexicon.on("policy.shorten") else ()):
         if fits():
             break
         if len(line.text) > SHORT_LINE_CHARS:
