@@ -4,8 +4,9 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 LOCAL_STAMP := $(VENV)/.installed-local
+DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: run test test-fast lint-js install model bench replay clean
+.PHONY: run test test-fast check lint-js install model bench replay clean
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -34,10 +35,25 @@ test: model
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow and not browser" -n auto
 
-# The chat page's ES modules: eslint, then their node unit tests (tests/js).
+# The static checkers (requirements-dev.txt), beside the runtime's venv.
+$(DEV_STAMP): $(STAMP) requirements-dev.txt
+	$(BIN)/python -m pip install -r requirements-dev.txt
+	touch $(DEV_STAMP)
+
+# Static checks of the Python code (pyproject.toml: [tool.ruff], [tool.mypy]): ruff's default rules, then mypy
+# over the files [tool.mypy] names; both run, and the target fails when either finds anything.
+check: $(DEV_STAMP)
+	status=0; \
+	$(BIN)/ruff check app workers scripts bench celery_app.py wsgi.py || status=1; \
+	$(BIN)/mypy || status=1; \
+	exit $$status
+
+# The chat page's ES modules: eslint, TypeScript's checker over their JSDoc types (jsconfig.json), then their
+# node unit tests (tests/js).
 lint-js:
 	npm ci --no-audit --no-fund
 	npx eslint app/web/static/js
+	npx tsc --noEmit -p jsconfig.json
 	node --test tests/js/
 
 bench: $(STAMP)

@@ -18,6 +18,8 @@ process, with no result storage and with task events on so Flower shows them.
 
 from __future__ import annotations
 
+from typing import Any
+
 from celery import Celery, Task
 from flask import Flask
 from kombu import Exchange, Queue
@@ -41,13 +43,13 @@ def compaction_queue() -> Queue:
                  routing_key=COMPACTION_QUEUE, durable=True, queue_arguments={"x-queue-type": "quorum"})
 
 
-def celery_config(settings: Settings) -> dict:
+def celery_config(settings: Settings) -> dict[str, Any]:
     """The Celery configuration for ``settings`` (time limits in seconds)."""
     broker = celery_broker_url(settings.broker_url)
     hard_limit = settings.compaction_time_limit
     # COMPACTION_VISIBILITY_TIMEOUT_SECONDS overrides the derived value (tests of redelivery use a short one).
     visibility = settings.compaction_visibility_timeout or max(3600, 4 * hard_limit + 600)
-    config = {
+    config: dict[str, Any] = {
         "broker_url": broker,
         "result_backend": None,
         "task_ignore_result": True,

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Callable
 
-import redis
 from flask import current_app
 
 from app.compaction.requests import CompactionRequests
@@ -22,7 +21,7 @@ from app.observability.metrics import count_store_error
 from app.settings import Settings
 from app.store.provider_caps import ProviderCaps
 from app.store.quotas import Quotas
-from app.store.redis_client import make_redis
+from app.store.redis_client import StoreClient, make_redis
 from app.store.thread_store import ThreadStore
 
 
@@ -33,7 +32,7 @@ class Services:
     settings: Settings
 
     @cached_property
-    def redis(self) -> redis.Redis:
+    def redis(self) -> StoreClient:
         """The Redis client (pool sized to the web threads plus headroom)."""
         return make_redis(self.settings.redis_url, cluster=self.settings.redis_cluster,
                           max_connections=self.settings.web_threads + 16,

@@ -341,7 +341,11 @@ class Settings(BaseSettings):
     tools_enabled: bool = Field(True, validation_alias="TOOLS_ENABLED")
 
     @classmethod
-    def settings_customise_sources(cls, settings_cls, init_settings, **_other_sources):
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+                                   env_settings: PydanticBaseSettingsSource,
+                                   dotenv_settings: PydanticBaseSettingsSource,
+                                   file_secret_settings: PydanticBaseSettingsSource,
+                                   ) -> tuple[PydanticBaseSettingsSource, ...]:
         """Keyword arguments only: the environment is read by ``from_env`` and nowhere else."""
         return (init_settings,)
 

@@ -129,6 +129,17 @@ class Node:
         return f"{HOST}:{self.port}"
 
 
+def _process(node: Node) -> subprocess.Popen:
+    """``node``'s running process.
+
+    Raises:
+        ClusterError: the node is not running (never started, or killed).
+    """
+    if node.proc is None:
+        raise ClusterError(f"node {node.name} is not running")
+    return node.proc
+
+
 @dataclass
 class LocalCluster:
     """Six loopback nodes (3 masters, 3 replicas).
@@ -190,12 +201,20 @@ class LocalCluster:
         node.proc = None
 
     def pause_node(self, node: Node) -> None:
-        """SIGSTOP: the node stops answering and replicating, keeping its sockets open."""
-        node.proc.send_signal(signal.SIGSTOP)
+        """SIGSTOP: the node stops answering and replicating, keeping its sockets open.
+
+        Raises:
+            ClusterError: the node is not running (never started, or killed).
+        """
+        _process(node).send_signal(signal.SIGSTOP)
 
     def resume_node(self, node: Node) -> None:
-        """SIGCONT after ``pause_node``."""
-        node.proc.send_signal(signal.SIGCONT)
+        """SIGCONT after ``pause_node``.
+
+        Raises:
+            ClusterError: the node is not running (never started, or killed).
+        """
+        _process(node).send_signal(signal.SIGCONT)
 
     def log_tail(self, node: Node, chars: int = 800) -> str:
         try:
@@ -341,8 +360,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="CELERY_BROKER_URL for the app (default: the local RabbitMQ)")
     parser.add_argument("--nodes-only", action="store_true", help="start only the cluster")
     args = parser.parse_args(argv)
-    cluster = LocalCluster(list(range(args.port, args.port + 6)), node_timeout_ms=5000,
-                           folder=ROOT / ".local" / "cluster")
+    folder = ROOT / ".local" / "cluster"
+    cluster = LocalCluster(list(range(args.port, args.port + 6)), node_timeout_ms=5000, folder=folder)
     try:
         cluster.start()
     except ClusterError as exc:
@@ -362,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     finally:
         cluster.stop()
-        shutil.rmtree(cluster.folder, ignore_errors=True)  # nodes.conf of this run only
+        shutil.rmtree(folder, ignore_errors=True)  # nodes.conf of this run only
 
 
 if __name__ == "__main__":

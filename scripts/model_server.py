@@ -348,14 +348,13 @@ def serve(host: str, port: int, timeout: float, role: str = "chat") -> int:
     current: list[subprocess.Popen] = []
     settings = server_settings(role)
     proxy = cache = None
-    child_port, slot_dir = port, ""
+    child_port = port
     if settings["slot_files"]:
         # The llama.cpp server listens on a free internal loopback port; this process serves the public port
         # (scripts/slot_cache.py), restoring and saving each thread's slot around its requests.
         child_port = _free_port(host)
         cache = slot_cache.SlotCache((host, child_port), slot_cache.slot_dir(os.environ.get("LOCAL_MODEL_SLOT_DIR")),
                                      max_files=settings["slot_files"], max_bytes=settings["slot_mib"] * 1024 * 1024)
-        slot_dir = str(cache.directory)
         try:
             proxy = slot_cache.make_proxy(cache, host, port)
         except OSError as exc:
@@ -393,7 +392,7 @@ def _supervise(model: Path, host: str, port: int, child_port: int, role: str, ti
         if current and current[-1].poll() is None:
             current[-1].send_signal(signum)
 
-    def after_request(signum):
+    def after_request(signum, cache: slot_cache.SlotCache):
         # llama.cpp does not stop while a slot save or restore is queued: let the request in flight (and its save)
         # finish first, and start no other (the lock stays held; at most 30 s)
         cache.lock.acquire(timeout=30)
@@ -404,7 +403,7 @@ def _supervise(model: Path, host: str, port: int, child_port: int, role: str, ti
         if cache is None:
             pass_on(signum)
         else:
-            threading.Thread(target=after_request, args=(signum,), daemon=True).start()
+            threading.Thread(target=after_request, args=(signum, cache), daemon=True).start()
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)

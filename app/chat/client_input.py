@@ -120,16 +120,22 @@ storable = check(text_is_storable, INVALID_TEXT)
 """Validator: ``invalid_text`` when a text holds a NUL or an unpaired surrogate."""
 
 
+def refused_as(wrong: Refusal) -> dict[str, Any]:
+    """A field's ``error_messages``: ``wrong`` when the value is missing, null or not of the field's type.
+    marshmallow keeps any object as a message (its hints say ``str``), so ``first_refusal`` finds it."""
+    return {"required": wrong, "null": wrong, "invalid": wrong}
+
+
 def client_text(wrong: Refusal, *validators: Callable[[Any], None], **kwargs) -> fields.String:
     """A text field: ``wrong`` when it is missing, null or not a string, then ``validators`` in order
     (``storable`` among them).  ``kwargs`` go to ``fields.String``."""
-    return fields.String(error_messages={"required": wrong, "null": wrong, "invalid": wrong},
+    return fields.String(error_messages=refused_as(wrong),
                          validate=list(validators), **kwargs)
 
 
 def message_id(wrong: Refusal, **kwargs) -> fields.String:
     """A message id (1-128 of ``[A-Za-z0-9_.:-]``, docs/contract.md); ``wrong`` when it is not one."""
-    return fields.String(error_messages={"required": wrong, "null": wrong, "invalid": wrong},
+    return fields.String(error_messages=refused_as(wrong),
                          validate=check(lambda value: MESSAGE_ID_RE.match(value) is not None, wrong), **kwargs)
 
 

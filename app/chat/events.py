@@ -33,10 +33,13 @@ from typing import Callable
 import redis
 
 from app.store.keys import EVENTS_PATTERN, ThreadKeys, thread_id_from_events_channel
+from app.store.redis_client import StoreClient
 
 log = logging.getLogger(__name__)
 
-Listener = Callable[[dict], None]
+# Called with each memory event frame of its thread; what it returns is ignored (a socket's ``send`` says
+# whether the frame went out).
+Listener = Callable[[dict], object]
 
 
 class EventHub:
@@ -52,7 +55,7 @@ class EventHub:
             subscription is live, or every registered thread's shard channel is).
     """
 
-    def __init__(self, client_factory: Callable[[], redis.Redis], *, sharded: bool = False):
+    def __init__(self, client_factory: Callable[[], StoreClient], *, sharded: bool = False):
         self._client_factory = client_factory
         self._listeners: dict[str, set[Listener]] = defaultdict(set)
         self._lock = threading.Lock()

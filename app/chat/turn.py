@@ -123,7 +123,7 @@ class Turn(TurnIO):
         self.cancelled = CancelEvent()  # setting it also shuts the upstream connection down
         self.state = ThreadState()
         self.cleared_seen: int | None = None  # the clear counter read by prepare(); None: not known
-        self.context: AssembledContext | None = None  # set by prepare()
+        self.context: AssembledContext  # set by prepare() (a producer reads it after)
         self.deadline = 0.0  # set when streaming starts
         self._lock = threading.Lock()
         self._phase = STREAMING
@@ -294,8 +294,8 @@ class Turn(TurnIO):
                 return  # cancelled or socket gone: nothing is written
             if status is None or not status.writes_memory:
                 # paused, failed and cancelled are told as they are; a producer has no other status
-                known = status in (TurnStatus.PAUSED, TurnStatus.FAILED, TurnStatus.CANCELLED)
-                self._finish(status if known else TurnStatus.FAILED)
+                told = (TurnStatus.PAUSED, TurnStatus.FAILED, TurnStatus.CANCELLED)
+                self._finish(status if status in told else TurnStatus.FAILED)
                 return
             if not result.text.strip():
                 self.writer.error("llm_unavailable", "The model returned an empty answer. Please try again.")

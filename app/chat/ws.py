@@ -154,7 +154,6 @@ def _release_client_place(svc: Services, address: str, socket_id: str) -> None:
 
 def _serve(ws, writer: FrameWriter) -> None:
     svc = services()
-    settings = svc.settings
     thread_id = current_thread_id()
     address = client_address()
     socket_id = uuid.uuid4().hex

@@ -294,7 +294,7 @@ def run_compaction(services: Services, thread_id: str, seen_version: int, *, att
         log.warning("fold of %s failed (%s), attempt %d%s", short, reason, attempt + 1,
                     f"; retrying in {retry_in:.1f} s" if retry else
                     ("; giving up until the next turn" if retryable else "; folds blocked"))
-        if retry:
+        if retry_in is not None:  # retrying
             requests.hold(thread_id, seen_version, retry_marker_ttl(settings, retry_in))
         elif retryable:
             requests.release(thread_id, seen_version)
@@ -502,7 +502,7 @@ def run_refinement(services: Services, thread_id: str, token: int, *, attempt: i
         retry_in = retry_countdown(settings, attempt)
         requests.hold(thread_id, token, retry_marker_ttl(settings, retry_in), refine=True)
         return RefineOutcome(Outcome.FAILED, Reason.STORE_UNAVAILABLE, retry_in)
-    more = {"turnsRefined": len(turns), "modelCalls": len(calls), "promptTokens": sum(calls)}
+    more: dict[str, int | float] = {"turnsRefined": len(turns), "modelCalls": len(calls), "promptTokens": sum(calls)}
     if result is not None:
         more.update(summaryChars=len(result.summary), notesCount=len(result.notes), factRetention=result.retention)
     if committed.outcome == Outcome.APPLIED and gave_up is not None:  # the turns are marked refined, without a gist
@@ -541,7 +541,7 @@ def _classify(exc: BaseException) -> tuple[Reason | str, bool]:
 
 
 def _figures(prepared: Prepared, result: CompactionResult | None, started: float, attempt: int) -> dict:
-    figures = {"attempt": attempt, "durationMs": int((time.monotonic() - started) * 1000),
+    figures: dict[str, int | float] = {"attempt": attempt, "durationMs": int((time.monotonic() - started) * 1000),
                "turnsFolded": prepared.plan.folded_turns}
     if result is not None:
         figures.update(

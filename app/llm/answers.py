@@ -1,25 +1,31 @@
-"""Field types for the pydantic models of structured answers, whose errors read as instructions.
+"""Field checks for the pydantic models of structured answers, whose errors read as instructions.
 
 What a validator raises is told to the model when it is asked again (``StructuredClient.ask``),
 so the messages say what to answer: ``status must be "done" or "blocked"``.  A missing field
 gets the same message as a wrong one.
 
-* ``one_of("status", "done", "blocked")``: one of the strings (a JSON-schema ``enum``).
+* ``one_of("status", "done", "blocked")``: one of the strings; its field's type is
+  ``Literal["done", "blocked"]`` (a JSON-schema ``enum``).
 * ``text("output", max_chars=4000)``: a string, trimmed (and cut); ``non_blank=True`` refuses a blank one.
 
-Both return an ``Annotated`` type: name it at module level and annotate fields with the name
-(``Status = one_of(...)``, then ``status: Status``).
+Both return the metadata of an ``Annotated`` type (a validator and the field's default): name the type at
+module level with the field's Python type first, then annotate fields with the name::
+
+    Status = Annotated[Literal["done", "blocked"], *one_of("status", "done", "blocked")]
+    Output = Annotated[str, *text("output", max_chars=4000)]
+
+(the Python type is written out so that type checkers read it; pydantic reads the metadata).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any
 
 from pydantic import BeforeValidator, Field
 
 
-def one_of(field: str, *values: str) -> Any:
-    """An answer field that must be one of ``values``."""
+def one_of(field: str, *values: str) -> tuple[Any, ...]:
+    """The checks of an answer field that must be one of ``values`` (its type: ``Literal[values]``)."""
     message = f"{field} must be " + " or ".join(f'"{v}"' for v in values)
 
     def check(value):
@@ -27,12 +33,12 @@ def one_of(field: str, *values: str) -> Any:
             raise ValueError(message)
         return value
 
-    return Annotated[Literal[values], BeforeValidator(check), Field(default=None, validate_default=True)]
+    return BeforeValidator(check), Field(default=None, validate_default=True)
 
 
-def text(field: str, *, non_blank: bool = False, max_chars: int | None = None) -> Any:
-    """An answer field that must be a string (not blank with ``non_blank``); kept trimmed, at most ``max_chars``
-    characters."""
+def text(field: str, *, non_blank: bool = False, max_chars: int | None = None) -> tuple[Any, ...]:
+    """The checks of an answer field that must be a string (not blank with ``non_blank``), kept trimmed and
+    at most ``max_chars`` characters (its type: ``str``)."""
     message = f"{field} must be a non-empty string" if non_blank else f"{field} must be a string"
 
     def check(value):
@@ -40,4 +46,4 @@ def text(field: str, *, non_blank: bool = False, max_chars: int | None = None) -
             raise ValueError(message)
         return value.strip()[:max_chars]
 
-    return Annotated[str, BeforeValidator(check), Field(default=None, validate_default=True)]
+    return BeforeValidator(check), Field(default=None, validate_default=True)

@@ -107,8 +107,9 @@ class _UpstreamAbort:
     of the stream never shuts down a pooled connection that another request already reuses.
     """
 
-    def __init__(self, stream):
+    def __init__(self, stream, cancelled: CancelEvent):
         self._stream = stream
+        self._cancelled = cancelled  # the event this is registered on (``add_callback``)
         self._lock = threading.Lock()
         self._released = False
 
@@ -124,8 +125,8 @@ class _UpstreamAbort:
                 except OSError:
                     pass
 
-    def release(self, cancelled: "CancelEvent") -> None:
-        cancelled.remove_callback(self)
+    def release(self) -> None:
+        self._cancelled.remove_callback(self)
         with self._lock:
             self._released = True
 
@@ -422,7 +423,7 @@ class LLMClient:
             extra_headers=headers or None), stats)
         abort = None
         if isinstance(cancelled, CancelEvent):
-            abort = _UpstreamAbort(stream)
+            abort = _UpstreamAbort(stream, cancelled)
             cancelled.add_callback(abort)
         try:
             first = stream.read()
@@ -430,7 +431,7 @@ class LLMClient:
                 first = stream.read()
         except BaseException:
             if abort is not None:
-                abort.release(cancelled)
+                abort.release()
             stream.close()
             raise
         return stream, first, abort
@@ -487,7 +488,7 @@ class LLMClient:
             stream, delta, abort = retrying(self._open, messages, model, deadline, stats, extra, cancelled,
                                             headers)
         except RetryError as exc:  # pragma: no cover - reraise=True makes this unreachable
-            raise mapped_error(exc.last_attempt.exception()) from None
+            raise mapped_error(exc.last_attempt.exception() or exc) from None
         except Exception as exc:
             if cancelled.is_set():
                 return  # cancelled while connecting: the connection is already shut down
@@ -515,5 +516,5 @@ class LLMClient:
             raise mapped_error(exc) from None
         finally:
             if abort is not None:
-                abort.release(cancelled)
+                abort.release()
             stream.close()

@@ -43,6 +43,11 @@ class LLMError(RuntimeError):
     ``unavailable``, ``bad_request``, ``invalid_answer``).
     """
 
+    # Set by ``app.llm.client.mapped_error``, for logs and capability detection only: the provider's
+    # HTTP status (None when unknown) and its error text (at most 500 characters).
+    status_code: int | None = None
+    provider_message: str = ""
+
     def __init__(self, code: str, message: str, category: str, retryable: bool):
         super().__init__(f"{category}")
         self.code = code

@@ -37,11 +37,14 @@ import re
 import time
 from dataclasses import KW_ONLY, dataclass
 from functools import lru_cache
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 import openai
+from openai.types.chat import ChatCompletionMessageParam
+from openai.types.chat.completion_create_params import ResponseFormat
 from pydantic import BaseModel, ValidationError
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_before_delay, wait_exponential
+from tenacity.stop import stop_base
 
 from app.llm.provider import LLMError, is_refusal, make_openai_client, map_error
 from app.settings import Settings
@@ -269,15 +272,17 @@ class StructuredClient:
 
     def _create(self, messages: list[dict], response_format: dict, timeout: float | None, deadline: float | None,
                 max_tokens: int | None):
-        extra = {} if self.temperature is None else {"temperature": self.temperature}
+        extra: dict[str, Any] = {} if self.temperature is None else {"temperature": self.temperature}
         if max_tokens:
             extra["max_tokens"] = max_tokens
+        # Plain dicts of the shapes the SDK types as TypedDicts ({"role", "content"}; the ladder's formats).
         return self.client.chat.completions.create(
-            model=self.model, messages=messages, stream=False, response_format=response_format,
-            timeout=self._timeout(timeout, deadline), **extra)
+            model=self.model, messages=cast("list[ChatCompletionMessageParam]", messages), stream=False,
+            response_format=cast(ResponseFormat, response_format), timeout=self._timeout(timeout, deadline),
+            **extra)
 
     def _create_with_retries(self, messages, response_format, timeout, deadline, max_tokens):
-        stop = stop_after_attempt(1 + self.max_retries)
+        stop: stop_base = stop_after_attempt(1 + self.max_retries)
         if deadline is not None:
             # stop_before_delay counts the coming backoff: no attempt starts later than 1 s before the deadline
             stop = stop | stop_before_delay(max(0.0, deadline - time.monotonic() - 1))

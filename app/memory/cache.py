@@ -12,10 +12,11 @@ cachetools' layers (measured on this machine).
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 from collections import OrderedDict
-from typing import Generic, Hashable, TypeVar
+from typing import Any, Callable, Generic, Hashable, Protocol, TypeVar, cast
 
 V = TypeVar("V")
 _MISSING = object()
@@ -118,7 +119,17 @@ class ByteCache(Generic[V]):
             return key in self._data
 
 
-def bytes_cached(max_bytes: int, max_entry_bytes: int | None = None, overhead: int = 300):
+class BytesCached(Protocol):
+    """What ``bytes_cached`` makes of a function: the function, plus its ``cache`` and ``cache_clear()``."""
+
+    cache: ByteCache
+    cache_clear: Callable[[], None]
+
+    def __call__(self, *args: Any) -> Any: ...
+
+
+def bytes_cached(max_bytes: int, max_entry_bytes: int | None = None,
+                 overhead: int = 300) -> Callable[[Callable[..., Any]], BytesCached]:
     """Decorator: cache a pure function's results by its (hashable) arguments in a ``ByteCache``.
 
     An entry's size is its text arguments' bytes (``text_bytes``; the result is assumed to hold the same
@@ -126,7 +137,7 @@ def bytes_cached(max_bytes: int, max_entry_bytes: int | None = None, overhead: i
     ``.cache`` (the ``ByteCache``) and ``.cache_clear()``.
     """
 
-    def decorate(fn):
+    def decorate(fn: Callable[..., Any]) -> BytesCached:
         cache: ByteCache = ByteCache(max_bytes, max_entry_bytes)
 
         def wrapper(*args):
@@ -138,11 +149,10 @@ def bytes_cached(max_bytes: int, max_entry_bytes: int | None = None, overhead: i
             cache.put(args, result, size)
             return result
 
-        wrapper.cache = cache
-        wrapper.cache_clear = cache.clear
-        wrapper.__wrapped__ = fn
-        wrapper.__name__ = fn.__name__
-        wrapper.__doc__ = fn.__doc__
-        return wrapper
+        # update_wrapper: __name__, __doc__, __wrapped__ of ``fn``; a BytesCached once the two lines below ran
+        cached = cast(BytesCached, functools.update_wrapper(wrapper, fn))
+        cached.cache = cache
+        cached.cache_clear = cache.clear
+        return cached
 
     return decorate

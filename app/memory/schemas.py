@@ -34,7 +34,8 @@ def _iso_utc(value: str) -> None:
         parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
         raise ValidationError("must be an ISO 8601 timestamp") from None
-    if parsed.utcoffset() is None or parsed.utcoffset().total_seconds() != 0:
+    offset = parsed.utcoffset()
+    if offset is None or offset.total_seconds() != 0:
         raise ValidationError("must be in UTC")
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import sys
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -100,7 +101,7 @@ class TokenCounter:
     def __init__(self, encoding_name: str = DEFAULT_ENCODING, cache_bytes: int = DEFAULT_CACHE_BYTES):
         self.encoding_name = encoding_name
         self._encoding = load_encoding(encoding_name)
-        self.cache = ByteCache(cache_bytes, CACHE_ENTRY_MAX_BYTES)
+        self.cache: ByteCache[int] = ByteCache(cache_bytes, CACHE_ENTRY_MAX_BYTES)
         self._hits = self._misses = 0
 
     def cache_info(self) -> CacheInfo:
@@ -139,7 +140,7 @@ class TokenCounter:
 
 _ENTRY_OVERHEAD = 160
 """Bytes an entry costs beside its key: the count, the key's hash-table slot and the LRU order."""
-_DIGEST_BYTES = text_bytes(b"x" * 16)
+_DIGEST_BYTES = sys.getsizeof(b"x" * 16)
 """Bytes a key (``text_digest``) takes."""
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
@@ -135,7 +136,7 @@ def load_turn_records(services: Services, thread_id: str, limit: int = MAX_TURN_
     return _json_records(services.redis.lrange(ThreadKeys(thread_id).stats, 0, limit - 1))
 
 
-def _json_records(raw: list[str]) -> list[dict]:
+def _json_records(raw: Sequence[str | bytes]) -> list[dict]:
     """Decode a newest-first Redis list of JSON objects into a list oldest first, skipping bad items."""
     records = []
     for item in reversed(raw):

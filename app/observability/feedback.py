@@ -10,6 +10,8 @@ replaces the first (the person changed their mind, or added a reason).  Entry::
 
 from __future__ import annotations
 
+from typing import Any
+
 from app.memory.state import utc_now_iso
 from app.store.feedback_store import FeedbackStore
 
@@ -21,7 +23,7 @@ TURN_FIELDS = ("status", "promptTokens", "sections", "completionTokens", "budget
 
 def feedback_entry(message_id: str, rating: str, reason: str | None, turn: dict | None) -> dict:
     """Build the stored entry (``turn`` is the turn's accounting record, or None)."""
-    entry = {"messageId": message_id, "rating": rating, "at": utc_now_iso()}
+    entry: dict[str, Any] = {"messageId": message_id, "rating": rating, "at": utc_now_iso()}
     if reason:
         entry["reason"] = reason
     entry["turn"] = {k: turn.get(k) for k in TURN_FIELDS} if turn else None

@@ -48,6 +48,7 @@ def resolve_prompt(record: dict, state: ThreadState, system_prompt: str) -> list
     for entry in record.get("prompt") or []:
         origin = entry.get("origin")
         item = {"origin": origin, "role": entry.get("role"), "tokens": entry.get("tokens"), "text": None}
+        candidate: str | None
         if origin == "system":
             candidate, note = system_prompt, NOTE_SYSTEM_CHANGED
         elif origin == "summary":

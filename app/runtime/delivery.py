@@ -16,6 +16,8 @@ the run state.
 
 from __future__ import annotations
 
+from typing import Annotated, Literal
+
 from pydantic import BaseModel, field_validator
 
 from app.llm.answers import one_of, text
@@ -42,8 +44,8 @@ REVIEWER = (f"You are the review stage of a delivery workflow. Check the build a
 STAGE_MESSAGES = {"plan": "Planning", "build": "Building", "review": "Reviewing"}
 
 
-Verdict = one_of("verdict", "approved", "blocked")
-Report = text("report", non_blank=True)
+Verdict = Annotated[Literal["approved", "blocked"], *one_of("verdict", "approved", "blocked")]
+Report = Annotated[str, *text("report", non_blank=True)]
 
 
 class DeliveryReview(BaseModel):
@@ -104,7 +106,7 @@ class DeliveryProducer:
 
     def _stages(self, io: TurnIO, store: RunStore, run: Run) -> ProducerResult:
         outputs: dict[str, str] = {}
-        review = None
+        review: DeliveryReview | None = None
         for stage in STAGES:
             if io.cancelled.is_set():
                 return self._cancel(store, run)
@@ -123,6 +125,7 @@ class DeliveryProducer:
             run.state[stage] = outputs[stage][:MAX_STAGE_OUTPUT_CHARS]
             run.checkpoint(stage, "done")
             store.save(run)
+        assert review is not None, "STAGES ends with the review"
         status = TurnStatus.COMPLETED if review.verdict == "approved" else TurnStatus.BLOCKED
         report = review.report
         for start in range(0, len(report), DELTA_CHARS):

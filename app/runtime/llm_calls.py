@@ -10,9 +10,10 @@ failure is an ``LLMError``.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, TypeVar, cast
 
 import openai
+from openai.types.chat import ChatCompletionMessageParam
 from pydantic import BaseModel
 
 from app.llm.client import mapped_error
@@ -42,7 +43,9 @@ def complete_text(services: Services, messages: list[dict], *, deadline: float |
         max_retries=settings.llm_max_retries,
         timeout=openai.Timeout(remaining, connect=min(settings.llm_connect_timeout, remaining)))
     try:
-        response = client.chat.completions.create(model=settings.chat_model, messages=messages)
+        # {"role", "content"} dicts: the shape the SDK types as ChatCompletionMessageParam
+        response = client.chat.completions.create(
+            model=settings.chat_model, messages=cast("list[ChatCompletionMessageParam]", messages))
     except Exception as exc:
         raise mapped_error(exc) from None
     try:

@@ -56,7 +56,7 @@ def list_resources(directory: Path = RESOURCE_DIR) -> list[Resource]:
             for p in sorted(directory.glob("*.md")) if p.is_file()]
 
 
-def read_resource(uri: str, directory: Path = RESOURCE_DIR) -> str:
+def read_resource(uri: object, directory: Path = RESOURCE_DIR) -> str:
     """The text of the resource at ``uri`` (at most ``MAX_RESOURCE_CHARS`` characters).
 
     Only names listed by ``list_resources`` resolve, so no path outside the directory can

@@ -31,6 +31,7 @@ import redis
 from app.memory.state import utc_now_iso
 from app.memory.status import TurnStatus
 from app.store.keys import ThreadKeys
+from app.store.redis_client import StoreClient
 from app.store.thread_store import StoreUnavailable
 
 RUN_TTL_SECONDS = 86400  # a paused task list can be resumed for a day
@@ -97,7 +98,7 @@ class RunStore:
     Every Redis failure raises ``StoreUnavailable`` (its text is for logs only).
     """
 
-    def __init__(self, client: redis.Redis, thread_id: str, ttl_seconds: int = RUN_TTL_SECONDS):
+    def __init__(self, client: StoreClient, thread_id: str, ttl_seconds: int = RUN_TTL_SECONDS):
         self.redis = client
         self.keys = ThreadKeys(thread_id)
         self.ttl = ttl_seconds
@@ -163,14 +164,14 @@ class RunStore:
     def paused_id(self) -> str | None:
         """The id of the run waiting for confirmation, without claiming it (None on failure)."""
         try:
-            return self.redis.get(self.keys.paused_run)
+            return self.redis.get(self.keys.paused_run)  # type: ignore[return-value]  # decode_responses: str
         except redis.RedisError:
             return None
 
     def take_paused(self) -> str | None:
         """Claim the run waiting for confirmation (atomic GETDEL: two resumes cannot both get it)."""
         try:
-            return self.redis.getdel(self.keys.paused_run)
+            return self.redis.getdel(self.keys.paused_run)  # type: ignore[return-value]  # decode_responses: str
         except redis.RedisError as exc:
             raise _unavailable(exc) from exc
 

@@ -20,6 +20,8 @@ The task list, its Markdown artifact, task outputs and checkpoints stay in the r
 
 from __future__ import annotations
 
+from typing import Annotated, Literal
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from app.llm.answers import one_of, text
@@ -102,8 +104,8 @@ class TaskPlan(BaseModel):
         return [task.model_dump(by_alias=True) for task in self.tasks]
 
 
-TaskStatus = one_of("status", "done", "blocked")
-TaskOutput = text("output", max_chars=MAX_OUTPUT_CHARS)
+TaskStatus = Annotated[Literal["done", "blocked"], *one_of("status", "done", "blocked")]
+TaskOutput = Annotated[str, *text("output", max_chars=MAX_OUTPUT_CHARS)]
 
 
 class TaskResult(BaseModel):

@@ -19,6 +19,7 @@ chat, and the refusal is recorded for it (``app.runtime.capabilities``).
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from app.llm.provider import LLMError
 from app.memory.status import TurnStatus
@@ -54,7 +55,7 @@ class ToolChatProducer:
         messages = io.context.to_openai()
         sources: set[str] = set()
         for round_no in range(MAX_TOOL_ROUNDS + 1):
-            extra = {"tools": specs}
+            extra: dict[str, Any] = {"tools": specs}
             if round_no == MAX_TOOL_ROUNDS:
                 extra["tool_choice"] = "none"  # enough tools: answer now
             try:

@@ -90,7 +90,7 @@ def _evaluate(node: ast.AST):
     raise CalculatorError("only numbers, + - * / // % ** and parentheses are allowed")
 
 
-def calculate(expression: str) -> str:
+def calculate(expression: object) -> str:
     """Evaluate plain arithmetic and return the result as text.
 
     ``^`` means power, ``×``/``÷`` are accepted, and a trailing ``=`` or ``=?`` is ignored

@@ -125,7 +125,8 @@ def load_turn_memory(store: ThreadStore, thread_id: str, *,
             if stale_since and count:
                 members = store.redis.zrange(keys.archive, 0, -1)  # a clear and new folds since: read all
         if members:
-            run(lambda: index.add(_turns(members)))
+            current = index  # bound now: the closure must not follow ``index`` when it is rebound below
+            run(lambda: current.add(_turns(members)))
         if oldest:
             index.drop_before(int(oldest[0][1]))
         if len(index) != int(count):  # the archive expired and came back, or a member was unreadable

@@ -19,6 +19,7 @@ import logging
 import redis
 
 from app.store.keys import provider_caps_key
+from app.store.redis_client import StoreClient
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,7 @@ class ProviderCaps:
         ttl_seconds: how long a refusal is remembered (seconds).
     """
 
-    def __init__(self, client: redis.Redis, base_url: str | None, *, ttl_seconds: int = CAPS_TTL_SECONDS):
+    def __init__(self, client: StoreClient, base_url: str | None, *, ttl_seconds: int = CAPS_TTL_SECONDS):
         self.redis = client
         self.base_url = base_url
         self.key = provider_caps_key(base_url)
@@ -47,7 +48,8 @@ class ProviderCaps:
         except redis.RedisError:
             log.debug("provider capabilities unreadable", exc_info=True)
             return frozenset()
-        return frozenset(name for name, value in fields.items() if value == "1")
+        # decode_responses=True: the names are str (redis-py's hints say bytes | str)
+        return frozenset(name for name, value in fields.items() if value == "1")  # type: ignore[misc]
 
     def refuses(self, feature: str) -> bool:
         """True when ``feature`` is recorded as refused (False when Redis cannot be read)."""

@@ -53,10 +53,14 @@ class Quotas:
 
     def __init__(self, client, *, redis_url: str, cluster: bool = False):
         self.client = client
+        storage: RedisStorage
         if cluster:
             scheme, rest = redis_url.split("://", 1)
-            tls = {"ssl": True, "ssl_cert_reqs": "none"} if scheme == "rediss" else {}  # as the store's client
-            storage = RedisClusterStorage(f"redis+cluster://{rest}", key_prefix=QUOTA_KEY_PREFIX, **tls)
+            tls: dict[str, float | str | bool] = (
+                {"ssl": True, "ssl_cert_reqs": "none"} if scheme == "rediss" else {})  # as the store's client
+            # wrap_exceptions named (its default) so that only the TLS options go to the redis client
+            storage = RedisClusterStorage(f"redis+cluster://{rest}", key_prefix=QUOTA_KEY_PREFIX,
+                                          wrap_exceptions=False, **tls)
         else:
             storage = RedisStorage(redis_url, connection_pool=client.connection_pool, key_prefix=QUOTA_KEY_PREFIX)
         self._limiter = FixedWindowRateLimiter(storage)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from typing import Any
+from typing import Any, TypeAlias
 
 import redis
 from redis.backoff import NoBackoff
@@ -30,13 +30,16 @@ from redis.retry import Retry
 # a failover that has completed, few enough that a slot without a master fails fast (the turn degrades).
 CLUSTER_RETRIES = 3
 
+StoreClient: TypeAlias = "redis.Redis | ClusterClient"
+"""What ``make_redis`` returns: one node's client, or (``REDIS_CLUSTER=1``) a ``ClusterClient``."""
+
 
 class ClusterUnavailable(redis.ConnectionError):
     """The cluster could not be reached or serves no node for a slot (its text is for logs only)."""
 
 
 def make_redis(url: str, *, cluster: bool = False, max_connections: int = 64, socket_timeout: float = 2.0,
-               pool_timeout: float = 5.0) -> "redis.Redis | ClusterClient":
+               pool_timeout: float = 5.0) -> StoreClient:
     """Return a client (str responses) for ``url``.
 
     Args:
@@ -175,7 +178,8 @@ class ClusterClient:
 
     def register_script(self, script: str) -> Script:
         """A Lua script bound to this client; loaded on the nodes on first call (no connection made here)."""
-        return Script(self, script)
+        # redis-py hints its own two client classes; Script calls only get_encoder, evalsha and script_load.
+        return Script(self, script)  # type: ignore[arg-type]
 
     def node_for(self, key: str) -> redis.Redis:
         """A plain client of the master that serves ``key``'s slot, by the slot map as last read.

@@ -20,6 +20,7 @@ import functools
 import json
 import logging
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -37,7 +38,7 @@ from app.memory.record import Record
 from app.memory.state import PINNED_BY_PERSON, Pin, ThreadMessage, ThreadState
 from app.store.compaction_outcome import Outcome, Reason, reason_of
 from app.store.keys import HEALTH_PROBE_KEY, ThreadKeys
-from app.store.redis_client import is_cluster, run_script_and_wait, without_retries
+from app.store.redis_client import StoreClient, is_cluster, run_script_and_wait, without_retries
 
 log = logging.getLogger(__name__)
 LUA_DIR = Path(__file__).with_name("lua")
@@ -251,7 +252,7 @@ class ThreadStore:
     slot, and events are published with ``SPUBLISH`` (sharded pub/sub; README: Scale-out).
     """
 
-    def __init__(self, client: redis.Redis, limits: MemoryLimits, ttl_seconds: int, *, validate_reads: bool = True,
+    def __init__(self, client: StoreClient, limits: MemoryLimits, ttl_seconds: int, *, validate_reads: bool = True,
                  on_error: Callable[[str], None] | None = None, wait_replicas: int = 0, wait_timeout_ms: int = 100):
         self.redis = client
         self.limits = limits
@@ -504,7 +505,7 @@ class ThreadStore:
     @_guard
     def forget_turn(self, thread_id: str, *, expected_gen: int, turn: int, message_ids: list[str],
                     record: Record | None, notes: list[str], entry: dict, max_entries: int,
-                    turn_message_ids: list[str] = ()) -> ForgetCommit:
+                    turn_message_ids: Sequence[str] = ()) -> ForgetCommit:
         """Forget turn ``turn`` in one script (``lua/forget_turn.lua``) when the generation is still
         ``expected_gen``: remove the messages ``message_ids`` and the turn's archive member, write ``record``
         (None: unchanged) and ``notes``, add ``turn`` to the forgotten turns, move ``fg``, ``gen`` and ``v`` on,

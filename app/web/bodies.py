@@ -16,7 +16,7 @@ from marshmallow import Schema, fields, post_load, pre_load, validates
 
 from app.chat.client_input import (INVALID_TEXT, ClientRefused, ClientSchema, JSONRefused, Refusal, check,
                                    client_text, is_blank, load_client, loads_client_json, message_id, refuse,
-                                   storable)
+                                   refused_as, storable)
 from app.observability.feedback import MAX_REASON_CHARS, RATINGS
 from app.web.responses import ApiError
 
@@ -73,7 +73,7 @@ class FeedbackBody(ClientSchema):
 
     messageId = message_id(BAD_MESSAGE_ID, required=True)
     rating = fields.String(required=True, validate=check(lambda rating: rating in RATINGS, BAD_RATING),
-                           error_messages={"required": BAD_RATING, "null": BAD_RATING, "invalid": BAD_RATING})
+                           error_messages=refused_as(BAD_RATING))
     reason = client_text(Refusal("bad_request", "The reason must be text."), storable,
                          check(lambda reason: len(reason.strip()) <= MAX_REASON_CHARS, Refusal(
                              "reason_too_long", f"The reason can be at most {MAX_REASON_CHARS} characters.")),

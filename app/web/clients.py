@@ -112,8 +112,10 @@ def session_gate() -> None:
 def install_client_rules(app: Flask, settings: Settings) -> None:
     """Trust ``TRUSTED_PROXIES`` proxies, and run the checks of this module's docstring before every request."""
     if settings.proxies_trusted:
-        app.wsgi_app = ProxyFix(app.wsgi_app, x_for=settings.proxies_trusted, x_proto=settings.proxies_trusted,
-                                x_host=0, x_port=0, x_prefix=0)
+        # Flask's documented way to wrap its WSGI app (its hints call wsgi_app a method, not an attribute)
+        app.wsgi_app = ProxyFix(  # type: ignore[method-assign]
+            app.wsgi_app, x_for=settings.proxies_trusted, x_proto=settings.proxies_trusted,
+            x_host=0, x_port=0, x_prefix=0)
     app.extensions["session_gate"] = session_gate
     # before_request functions run in registration order, the app's before a blueprint's: the host and
     # the quota come before every other check; the cookie after the websocket's origin check

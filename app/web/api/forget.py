@@ -119,7 +119,9 @@ def _forget_one(thread_id: str, turn: int, phrase: str | None = None) -> tuple[d
         _turn_number(str(turn), state)
         archived = archive_store.all_archived_turns(svc.store, thread_id) if state.folded_turns else []
         numbers = state.turn_numbers()
-        forgotten_texts, kept, ids = [], [], []
+        forgotten_texts: list[str] = []
+        kept: list[str] = []
+        ids: list[str] = []
         for messages, number in [*zip(state.turns(), numbers), *((t.messages, t.number) for t in archived)]:
             if number == turn:
                 forgotten_texts.extend(m.text for m in messages)
@@ -186,7 +188,7 @@ def preview_forget():
     phrase = _phrase(request.args.get("phrase"))
     svc, thread_id = services(), current_thread_id()
     state = svc.store.load(thread_id)
-    items = []
+    items: list[dict] = []
     for messages, number in zip(state.turns(), state.turn_numbers()):
         items.extend({"place": "recent", "turn": number, "text": m.text}
                      for m in messages if contains_phrase(m.text, phrase))

@@ -26,6 +26,7 @@ function messageLines(m) {
 /**
  * A pin, note or record line as one list item's text.
  * @param {any} item
+ * @returns {string}
  */
 function itemText(item) {
   if (typeof item === "string") return item;
@@ -58,6 +59,7 @@ export function exportMarkdown(data) {
     out.push(`Turns before turn ${d.earliestKeptTurn} are no longer kept.`, "");
   }
 
+  /** @type {string[]} */
   const pins = Array.isArray(d.pins) ? d.pins.map(itemText).filter(Boolean) : [];
   out.push("## Your pinned decisions", "");
   if (pins.length) out.push(...pins.map((t, i) => `${i + 1}. ${t.replace(/\s*\n\s*/g, " ").trim()}`), "");

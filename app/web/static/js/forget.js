@@ -204,7 +204,8 @@ function guessTurn(article) {
  * @returns {Promise<TurnData | null>}
  */
 async function findTurn(article) {
-  const ids = [article.dataset.messageId, article.dataset.botId].filter((x) => typeof x === "string" && x);
+  const ids = [article.dataset.messageId, article.dataset.botId]
+    .filter(/** @returns {x is string} */ (x) => typeof x === "string" && x !== "");
   if (!ids.length) return null;
   let ceiling = Infinity; // a 404 means no turn that high
   for (const n of probeOrder(guessTurn(article))) {

@@ -7,7 +7,7 @@
 /**
  * The websocket (socket.js).
  * @type {{ws: WebSocket | null, open: boolean, everConnected: boolean, attempt: number, reconnectTimer: number,
- *         countdownTimer: number, reconnectAt: number, idle: boolean}}
+ *         countdownTimer: number, reconnectAt: number, idle: boolean, note: string}}
  */
 export const conn = {
   ws: null,

@@ -98,6 +98,7 @@ export function turnHolds(turn, id) {
  */
 export function turnRefs(text) {
   if (typeof text !== "string") return [];
+  /** @type {number[]} */
   const out = [];
   for (const m of text.matchAll(/\(turn (\d{1,6})\)/g)) {
     const n = Number(m[1]);
