@@ -39,7 +39,7 @@ from rank_bm25 import BM25Plus
 
 from app.memory.words import tokens as tokenize
 from app.memory.state import ThreadMessage
-from app.memory.text import CJK, compare_form, cut_at_word, fold
+from app.memory.text import compare_form, cut_at_word
 from app.memory.tokens import TokenCounter
 
 RECALL_SHARE = 0.15

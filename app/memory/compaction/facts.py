@@ -27,7 +27,7 @@ from typing import Iterable, Sequence
 
 from app.memory import lexicon, segment
 from app.memory.cache import ByteCache, text_bytes
-from app.memory.text import CJK, CJK_RE, FENCED_CODE_RE
+from app.memory.text import CJK_RE, FENCED_CODE_RE
 
 # ------------------------------------------------------------------------------------------ data
 # The fact kinds are named patterns (app/memory/data/facts.toml); the word lists are data (en.toml, zh.toml).
