@@ -42,7 +42,7 @@ import redis
 from app.store.keys import EVENTS_PATTERN, ThreadKeys
 from app.store.redis_client import make_redis
 from scripts.cluster import ClusterError, LocalCluster, free_cluster_ports
-from tests.fixtures.celery_worker import thread_id_for
+from chat_support.threads import thread_id_for
 
 
 def cluster_stats(cluster: LocalCluster) -> dict:

@@ -50,8 +50,8 @@ os.environ.setdefault("APP_ENV", "test")
 
 from bench.local_model import System, TurnTiming, load_average, task_stats  # noqa: E402
 from bench.replay import LOCOMO_FILE, _read_json, locomo_turns  # noqa: E402
-from tests.fixtures.live_app import ChatClient  # noqa: E402
-from tests.fixtures.redis_server import configured_or_embedded  # noqa: E402
+from chat_support.live_app import ChatClient  # noqa: E402
+from chat_support.redis_server import configured_or_embedded  # noqa: E402
 
 
 def pct(values: list[float], q: float) -> float:

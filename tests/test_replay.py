@@ -22,7 +22,7 @@ from app.memory.tokens import counter_for
 from app.settings import MemoryLimits
 from bench.replay import (Conversation, ReplayFakeModel, Replayer, _clip, account, kdconv_turns, load_kdconv,
                           load_locomo, locomo_turns)
-from tests.fixtures.live_app import LiveServer
+from chat_support.live_app import LiveServer
 
 ROOT = Path(__file__).resolve().parent.parent
 TURNS = 120
