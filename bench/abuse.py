@@ -25,8 +25,8 @@ request, and 5xx answers in the access log.
 
 Usage::
 
-    python bench/abuse.py                    # every phase, 30 s each
-    python bench/abuse.py --seconds 15 --attacks http-flood,stuck-reader
+    python -m bench.abuse                    # every phase, 30 s each
+    python -m bench.abuse --seconds 15 --attacks http-flood,stuck-reader
 """
 
 from __future__ import annotations

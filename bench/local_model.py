@@ -43,11 +43,11 @@ PSS from /proc/<pid>/smaps_rollup: both map the same GGUF file, whose pages they
 
 Usage::
 
-    python bench/local_model.py                         # 6 turns per phase
-    python bench/local_model.py --cold-install          # and time `make model` in a fresh clone first
-    python bench/local_model.py --turns 8 --shared 3    # and 3 turns of the single-server baseline
-    LOCAL_MODEL_THREADS=2 python bench/local_model.py   # another thread count for both servers
-    LOCAL_MODEL_BATCH_THREADS=1 LOCAL_COMPACTION_NICE=0 python bench/local_model.py   # the earlier thread setup
+    python -m bench.local_model                         # 6 turns per phase
+    python -m bench.local_model --cold-install          # and time `make model` in a fresh clone first
+    python -m bench.local_model --turns 8 --shared 3    # and 3 turns of the single-server baseline
+    LOCAL_MODEL_THREADS=2 python -m bench.local_model   # another thread count for both servers
+    LOCAL_MODEL_BATCH_THREADS=1 LOCAL_COMPACTION_NICE=0 python -m bench.local_model   # the earlier thread setup
 
 Units: seconds (s) for latencies and durations, MiB for memory.  On a shared machine other processes skew the
 figures: the header prints the load average.

@@ -81,10 +81,10 @@ is the question followed by ``ANSWER_HINT``.  The full history is asked only whe
 
 Usage::
 
-    python bench/locomo_qa.py --fake --conversations 1 --target          # CI (.ci/run)
-    python bench/locomo_qa.py --fake                                     # all 10 conversations, fake model
-    python bench/locomo_qa.py                                            # compaction by the bundled model
-    python bench/locomo_qa.py --answered 120                             # + answered, needs the chat model
+    python -m bench.locomo_qa --fake --conversations 1 --target          # CI (.ci/run)
+    python -m bench.locomo_qa --fake                                     # all 10 conversations, fake model
+    python -m bench.locomo_qa                                            # compaction by the bundled model
+    python -m bench.locomo_qa --answered 120                             # + answered, needs the chat model
 
 Exit status: 0; 1 with ``--target`` when the product's evidence-in-prompt is below ``--min-evidence``
 (default 0.50) or below ``--min-ratio`` (default 3.0) times the sliding window, or a prompt passed the budget;
@@ -949,7 +949,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    command = "python bench/locomo_qa.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m bench.locomo_qa " + " ".join(argv if argv is not None else sys.argv[1:])
     path = args.data / LOCOMO_FILE
     if not path.is_file():
         print(f"locomo: no {LOCOMO_FILE} in {args.data} (use --data)", file=sys.stderr)

@@ -25,9 +25,9 @@ tokens read (evaluated, not reused from its cache) per turn, p50 / p95, from lla
 
 Usage::
 
-    python bench/long_conversation.py --data ../shared/data                     # 2 conversations x 60 turns
-    python bench/long_conversation.py --data ../shared/data --conversations 1 --turns 20 --max-answer-tokens 48
-    python bench/long_conversation.py --data ../shared/data --fast              # the fast typist (1 s)
+    python -m bench.long_conversation --data ../shared/data                     # 2 conversations x 60 turns
+    python -m bench.long_conversation --data ../shared/data --conversations 1 --turns 20 --max-answer-tokens 48
+    python -m bench.long_conversation --data ../shared/data --fast              # the fast typist (1 s)
 
 Units: seconds for latencies, tokens for prompts.
 """

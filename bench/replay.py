@@ -59,9 +59,9 @@ Output (``--out``, default ``test-output/replay``): ``report.md`` (the command f
 
 Usage::
 
-    python bench/replay.py --data ../shared/data --fake --locomo 1 --min-turns 100 --kdconv 10
-    python bench/replay.py --data ../shared/data --locomo conv-30 --max-turns 40      # bundled model
-    python bench/replay.py --data ../shared/data --url http://127.0.0.1:5000 --kdconv 3
+    python -m bench.replay --data ../shared/data --fake --locomo 1 --min-turns 100 --kdconv 10
+    python -m bench.replay --data ../shared/data --locomo conv-30 --max-turns 40      # bundled model
+    python -m bench.replay --data ../shared/data --url http://127.0.0.1:5000 --kdconv 3
 
 Units: tokens for prompt sizes, characters for texts, seconds for durations.
 """
@@ -1247,7 +1247,7 @@ def _git_commit() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python bench/replay.py", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="python -m bench.replay", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", required=True, type=Path, help="folder with locomo10.json and kdconv-sample.json")
     p.add_argument("--locomo", default=None,
@@ -1280,7 +1280,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     argv = sys.argv[1:] if argv is None else argv
-    command = "python bench/replay.py " + shlex.join(argv)
+    command = "python -m bench.replay " + shlex.join(argv)
     started = time.monotonic()
     locomo_sel, kdconv_sel = parse_select(args.locomo), parse_select(args.kdconv)
     if locomo_sel is None and kdconv_sel is None:

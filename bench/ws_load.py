@@ -39,11 +39,11 @@ Reported per phase:
 
 Usage::
 
-    python bench/ws_load.py                                  # both phases, gevent 2 workers x 200 connections, + floor
-    python bench/ws_load.py --phases 100x5 --worker-class gthread  # gthread 2 workers x 200 threads
-    python bench/ws_load.py --phases 100x5 --workers 1 --threads 160
-    python bench/ws_load.py --json bench/out/ws_load.json    # also write the figures as JSON
-    python bench/ws_load.py --phases 100x5 --trace           # + where the first-token time goes, stage by stage
+    python -m bench.ws_load                                  # both phases, gevent 2 workers x 200 connections, + floor
+    python -m bench.ws_load --phases 100x5 --worker-class gthread  # gthread 2 workers x 200 threads
+    python -m bench.ws_load --phases 100x5 --workers 1 --threads 160
+    python -m bench.ws_load --json bench/out/ws_load.json    # also write the figures as JSON
+    python -m bench.ws_load --phases 100x5 --trace           # + where the first-token time goes, stage by stage
 
 ``--trace`` (and ``--switch-interval``, an experiment) start gunicorn with a generated config
 (``bench/out/gunicorn_trace.conf.py``: the project's ``gunicorn.conf.py`` plus a ``post_worker_init`` hook) that
