@@ -1,13 +1,12 @@
 """A model stream that ends before its answer is whole, against the app as deployed.
 
-The Procfile's ``web`` command (gunicorn, gevent) runs with a production environment
-(``chat_support.processes``), its model the fake model server as a process of its own
-(``chat_support.fake_llm --cut-plan``: ``CutPlan``) whose body ends when its connection closes.  An answer is whole only with ``data: [DONE]`` or a
-``finish_reason`` (``app.llm.client.SSEStream``); a stream cut after a few pieces, or whose
-server process is killed mid-answer, ends the turn with ``error`` ``upstream_truncated`` and
-``done`` ``failed``, and the thread in Redis is exactly as before the turn (docs/contract.md:
-WebSocket); the page keeps the partial text marked "failed — not saved".  The stream reader
-itself, on the same server: a ``finish_reason`` without ``[DONE]`` is a whole answer, a cut after
+The Procfile's ``web`` command (gunicorn, gevent) runs with a production environment (``chat_support.processes``),
+its model the fake model server as a process of its own (``chat_support.fake_llm --cut-plan``: ``CutPlan``) whose
+body ends when its connection closes. An answer is whole only with ``data: [DONE]`` or a ``finish_reason``
+(``app.llm.client.SSEStream``); a stream cut after a few pieces, or whose server process is killed mid-answer,
+ends the turn with ``error`` ``upstream_truncated`` and ``done`` ``failed``, and the thread in Redis is exactly as
+before the turn (docs/contract.md: WebSocket); the page keeps the partial text marked "failed — not saved". The
+stream reader itself, on the same server: a ``finish_reason`` without ``[DONE]`` is a whole answer, a cut after
 text is never retried, a cut before any text is retried once.
 """
 

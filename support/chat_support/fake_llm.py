@@ -1815,7 +1815,8 @@ class FakeLLMProcess:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m chat_support.fake_llm", description="Fake OpenAI-compatible LLM server.")
+    p = argparse.ArgumentParser(prog="python -m chat_support.fake_llm",
+                                description="Fake OpenAI-compatible LLM server.")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="0 = pick a free port")
     p.add_argument("--tokens", type=int, default=20, help="tokens in the default streamed answer")
