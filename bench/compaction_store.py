@@ -10,7 +10,7 @@
 
 Usage::
 
-    python bench/compaction_store.py [--threads 200] [--seconds 5]
+    python -m bench.compaction_store [--threads 200] [--seconds 5]
 
 Uses ``REDIS_URL`` when set (its database is flushed!), else an embedded Valkey.
 """
@@ -35,9 +35,9 @@ from app.memory.compaction import uncompacted_tokens  # noqa: E402
 from app.memory.final_turn import FinalTurn  # noqa: E402
 from app.settings import Settings  # noqa: E402
 from app.store.keys import ThreadKeys  # noqa: E402
-from tests.fake_llm import FakeLLM, Reply  # noqa: E402
-from tests.fixtures.celery_worker import history, thread_id_for  # noqa: E402
-from tests.fixtures.redis_server import configured_or_embedded  # noqa: E402
+from chat_support.fake_llm import FakeLLM, Reply  # noqa: E402
+from chat_support.threads import history, thread_id_for  # noqa: E402
+from chat_support.redis_server import configured_or_embedded  # noqa: E402
 import app.compaction.service as service_module  # noqa: E402
 from app.compaction.service import run_compaction  # noqa: E402
 

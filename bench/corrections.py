@@ -18,8 +18,8 @@ Prints one line per case and the totals per language.  Not a test: the model's a
 
 Usage::
 
-    python bench/corrections.py                 # starts the bundled chat server on a free port
-    python bench/corrections.py --url http://127.0.0.1:8089/v1
+    python -m bench.corrections                 # starts the bundled chat server on a free port
+    python -m bench.corrections --url http://127.0.0.1:8089/v1
 """
 
 from __future__ import annotations

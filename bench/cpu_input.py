@@ -21,8 +21,8 @@ event loop (as before) and then off it (``app.chat.turn.off_the_event_loop``, ge
 
 Usage::
 
-    python bench/cpu_input.py                     # 12,000 characters (MAX_INPUT_CHARS)
-    python bench/cpu_input.py --chars 24000 --repeat 3
+    python -m bench.cpu_input                     # 12,000 characters (MAX_INPUT_CHARS)
+    python -m bench.cpu_input --chars 24000 --repeat 3
 """
 
 from __future__ import annotations

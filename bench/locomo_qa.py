@@ -27,7 +27,7 @@ Replay, per conversation (the product's own code path, in process)
   waits through them, and runs between two of them only once its batch is due.  No turn streams while a
   refinement runs (the replay is sequential), so the replay marks no activity.
 * Compaction model: with ``--fake`` the replay fake model (``bench/replay.py`` ``ReplayFakeModel`` on
-  ``tests/fake_llm.py``; a one-sentence gist and decision-like lines as proposed notes); otherwise
+  ``chat_support.fake_llm``; a one-sentence gist and decision-like lines as proposed notes); otherwise
   ``OPENAI_BASE_URL`` / ``COMPACTION_BASE_URL`` when set, else the bundled model (both servers, as
   ``make run``).
 
@@ -81,10 +81,10 @@ is the question followed by ``ANSWER_HINT``.  The full history is asked only whe
 
 Usage::
 
-    python bench/locomo_qa.py --fake --conversations 1 --target          # CI (.ci/run)
-    python bench/locomo_qa.py --fake                                     # all 10 conversations, fake model
-    python bench/locomo_qa.py                                            # compaction by the bundled model
-    python bench/locomo_qa.py --answered 120                             # + answered, needs the chat model
+    python -m bench.locomo_qa --fake --conversations 1 --target          # CI (.ci/run)
+    python -m bench.locomo_qa --fake                                     # all 10 conversations, fake model
+    python -m bench.locomo_qa                                            # compaction by the bundled model
+    python -m bench.locomo_qa --answered 120                             # + answered, needs the chat model
 
 Exit status: 0; 1 with ``--target`` when the product's evidence-in-prompt is below ``--min-evidence``
 (default 0.50) or below ``--min-ratio`` (default 3.0) times the sliding window, or a prompt passed the budget;
@@ -458,7 +458,7 @@ class RedisServer:
     """A ``redis-server`` on a free loopback port, no persistence, in a temporary folder."""
 
     def __init__(self):
-        from tests.servers import free_port
+        from chat_support.servers import free_port
 
         self.port = free_port()
         self.dir = tempfile.TemporaryDirectory(prefix="locomo-redis-")
@@ -487,7 +487,7 @@ class RedisServer:
 
     def stop(self) -> None:
         if self.proc is not None:
-            from tests.servers import stop
+            from chat_support.servers import stop
 
             stop(self.proc)
             self.proc = None
@@ -537,7 +537,7 @@ class Bench:
             self.stops.append(server.stop)
             env["REDIS_URL"] = server.url
         if self.fake:
-            from tests.fake_llm import FakeLLM
+            from chat_support.fake_llm import FakeLLM
 
             self.fake_model = RecordingFake()
             llm = FakeLLM(default=self.fake_model).start()
@@ -949,7 +949,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    command = "python bench/locomo_qa.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m bench.locomo_qa " + " ".join(argv if argv is not None else sys.argv[1:])
     path = args.data / LOCOMO_FILE
     if not path.is_file():
         print(f"locomo: no {LOCOMO_FILE} in {args.data} (use --data)", file=sys.stderr)

@@ -25,9 +25,9 @@ tokens read (evaluated, not reused from its cache) per turn, p50 / p95, from lla
 
 Usage::
 
-    python bench/long_conversation.py --data ../shared/data                     # 2 conversations x 60 turns
-    python bench/long_conversation.py --data ../shared/data --conversations 1 --turns 20 --max-answer-tokens 48
-    python bench/long_conversation.py --data ../shared/data --fast              # the fast typist (1 s)
+    python -m bench.long_conversation --data ../shared/data                     # 2 conversations x 60 turns
+    python -m bench.long_conversation --data ../shared/data --conversations 1 --turns 20 --max-answer-tokens 48
+    python -m bench.long_conversation --data ../shared/data --fast              # the fast typist (1 s)
 
 Units: seconds for latencies, tokens for prompts.
 """
@@ -50,8 +50,8 @@ os.environ.setdefault("APP_ENV", "test")
 
 from bench.local_model import System, TurnTiming, load_average, task_stats  # noqa: E402
 from bench.replay import LOCOMO_FILE, _read_json, locomo_turns  # noqa: E402
-from tests.fixtures.live_app import ChatClient  # noqa: E402
-from tests.fixtures.redis_server import configured_or_embedded  # noqa: E402
+from chat_support.live_app import ChatClient  # noqa: E402
+from chat_support.redis_server import configured_or_embedded  # noqa: E402
 
 
 def pct(values: list[float], q: float) -> float:

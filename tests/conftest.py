@@ -9,7 +9,7 @@ import pytest
 os.environ.setdefault("APP_ENV", "test")
 
 # Helpers imported by the test modules get pytest's assertion messages too (fixture plugins get them anyway).
-pytest.register_assert_rewrite("tests.helpers", "tests.fixtures.deployed_web")
+pytest.register_assert_rewrite("tests.helpers", "tests.fixtures.deployed_web", "chat_support")
 
 pytest_plugins = [
     "tests.fixtures.redis_server",

@@ -10,8 +10,8 @@ import json
 import threading
 
 from app.store.keys import ThreadKeys
-from tests.fake_llm import Reply
-from tests.fixtures.live_app import ChatClient, answer_text
+from chat_support.fake_llm import Reply
+from chat_support.live_app import ChatClient, answer_text
 from tests.fixtures.runs import commit_recorded_final
 from tests.helpers.tool_scripts import has_tool_results, matching, only_run, script_tasklist, texts, worker_for
 

@@ -24,8 +24,8 @@ from app.memory.tokens import MESSAGE_OVERHEAD, REPLY_PRIMING, TokenCounter
 from app.settings import MemoryLimits
 from app.store.keys import ThreadKeys
 from app.identity import thread_id_for
-from tests.fake_llm import Reply
-from tests.fixtures.live_app import ChatClient, answer_text
+from chat_support.fake_llm import Reply
+from chat_support.live_app import ChatClient, answer_text
 from tests.fixtures.memory_data import CREATED, ENGLISH, message, new_thread_id, state, text_of_chars
 from tests.fixtures.own_redis import own_redis  # noqa: F401  (fixture)
 

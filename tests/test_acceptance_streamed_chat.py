@@ -13,8 +13,8 @@ import pytest
 
 from app.memory.context import PINS_HEADER, SUMMARY_HEADER, format_summary
 from app.settings import Settings
-from tests.fake_llm import Reply, words
-from tests.fixtures.live_app import ChatClient, answer_text
+from chat_support.fake_llm import Reply, words
+from chat_support.live_app import ChatClient, answer_text
 from tests.fixtures.memory_data import text_record
 from tests.fixtures.streamed_chat import seed_memory
 

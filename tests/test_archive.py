@@ -200,7 +200,7 @@ def test_hydration_returns_the_archived_turns_before_the_messages(settings, stor
 
 
 def test_a_turn_over_the_socket_recalls_a_folded_turn_into_the_prompt(chat, fake_llm, store):
-    from tests.fake_llm import Reply
+    from chat_support.fake_llm import Reply
     from tests.fixtures.streamed_chat import seed_memory
 
     thread_id = chat.thread()["threadId"]

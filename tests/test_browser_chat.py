@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.fake_llm import Reply, split_tokens
+from chat_support.fake_llm import Reply, split_tokens
 from tests.fixtures.streamed_chat import OUTPUT_DIR
 from tests.helpers.browser import MESSAGES, last_bot, send, wait_connected
 

@@ -13,7 +13,7 @@ import json
 import pytest
 
 from app.settings import MemoryLimits
-from tests.fake_llm import Reply
+from chat_support.fake_llm import Reply
 from tests.fixtures.streamed_chat import OUTPUT_DIR
 from tests.helpers.browser import send_and_wait, until, wait_connected
 

@@ -14,7 +14,7 @@ import pytest
 
 from app.observability.feedback import load_feedback
 from app.settings import MemoryLimits
-from tests.fake_llm import Reply
+from chat_support.fake_llm import Reply
 from tests.fixtures.streamed_chat import OUTPUT_DIR, wait_for
 from tests.helpers.browser import OFFSITE_ANSWERS, send_and_wait, stats, until
 

@@ -22,7 +22,7 @@ import pytest
 
 from app.memory.state import Pin
 from app.settings import MemoryLimits
-from tests.fake_llm import Reply, split_tokens
+from chat_support.fake_llm import Reply, split_tokens
 from tests.fixtures.streamed_chat import OUTPUT_DIR, ROOT
 from tests.helpers.browser import OFFSITE_ANSWERS, send_and_wait, until
 
@@ -201,7 +201,7 @@ def test_waiting_copy_full_model_name_and_a_turn_cleared_meanwhile(make_live_app
 
 def test_a_turn_behind_a_busy_bundled_model_says_what_it_waits_for(make_live_app, app_settings, fake_llm,
                                                                    browser_page):
-    from tests.fixtures.live_app import ChatClient
+    from chat_support.live_app import ChatClient
 
     server = make_live_app(app_settings.with_overrides(bundled_model=True))
     page, base = browser_page, server.url

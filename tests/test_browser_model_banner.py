@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.fake_llm import Reply
+from chat_support.fake_llm import Reply
 from tests.fixtures.streamed_chat import OUTPUT_DIR
 from tests.helpers.browser import last_bot, send, wait_connected
 

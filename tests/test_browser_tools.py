@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.fake_llm import Reply, split_tokens
+from chat_support.fake_llm import Reply, split_tokens
 from tests.fixtures.streamed_chat import OUTPUT_DIR
 from tests.helpers.tool_scripts import has_tool_results, script_tasklist
 

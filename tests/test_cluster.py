@@ -21,11 +21,11 @@ from app.store.keys import ThreadKeys
 from app.store.redis_client import ClusterClient, ClusterUnavailable, make_redis
 from app.store.thread_store import StoreUnavailable, ThreadStore
 from scripts.cluster import free_cluster_ports
-from tests.fake_llm import Reply
+from chat_support.fake_llm import Reply
 from tests.fixtures.celery_worker import (NUMBERS_ANSWER, asked, commit_turn, folded_section, history, message_ids,
                                           record, rendered, seed_turns, thread_id_for, turn_ids, wait_no_refinement,
                                           wait_until)
-from tests.fixtures.live_app import ChatClient
+from chat_support.live_app import ChatClient
 
 ANSWER = NUMBERS_ANSWER
 SUMMARY = record(1, 2, asked(1), asked(2), "- About: " + ANSWER["summary"])

@@ -15,8 +15,8 @@ import pytest
 
 from app.celery_setup import celery_config
 from app.settings import ConfigError, Settings
-from tests.helpers.config_env import PASSWORD, SECRET, assert_config_error, celery, import_wsgi, production, run
-from tests.servers import free_port
+from chat_support.config_env import PASSWORD, SECRET, assert_config_error, celery, import_wsgi, production, run
+from chat_support.servers import free_port
 
 AMQP_DOWN = "amqp://guest:{password}@127.0.0.1:{port}//"
 

@@ -25,11 +25,11 @@ import requests
 from app.memory.migration import read_record
 from app.store.keys import ThreadKeys
 from app.store.redis_client import make_redis
-from tests.fake_llm import Reply
+from chat_support.fake_llm import Reply
 from tests.fixtures.celery_worker import ANSWER_TAIL, history, user_text, wait_until
-from tests.fixtures.live_app import ChatClient, answer_text
-from tests.helpers.processes import PROCFILE, ROOT, prod_env, start, stop_group
-from tests.servers import free_ports, wait_http
+from chat_support.live_app import ChatClient, answer_text
+from chat_support.processes import PROCFILE, ROOT, prod_env, start, stop_group
+from chat_support.servers import free_ports, wait_http
 
 ANSWER = {"summary": "They talked about small things.", "pinnedDecisions": []}
 SECOND_ANSWER = {"summary": "They talked about the number two.", "pinnedDecisions": []}

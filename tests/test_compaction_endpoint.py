@@ -13,7 +13,7 @@ from app.llm.structured import StructuredClient, compaction_endpoint
 from app.settings import ConfigError, Settings
 from app.store.provider_caps import ProviderCaps
 from app.store.redis_client import make_redis
-from tests.fake_llm import FakeLLM, Reply
+from chat_support.fake_llm import FakeLLM, Reply
 
 ANSWER = {"summary": "They talked.", "pinnedDecisions": []}
 PROMPT = [{"role": "user", "content": "fold these"}]

@@ -42,7 +42,7 @@ class FakeModelScript:
         self.calls = 0
 
     def __call__(self, body):
-        from tests.fake_llm import Reply
+        from chat_support.fake_llm import Reply
 
         self.calls += 1
         user = body["messages"][1]["content"]

@@ -14,7 +14,7 @@ from app.settings import MemoryLimits
 from app.store.keys import provider_caps_key
 from app.store.provider_caps import CAPS_TTL_SECONDS, ProviderCaps
 from app.store.redis_client import make_redis
-from tests.fake_llm import FakeLLM, Reply
+from chat_support.fake_llm import FakeLLM, Reply
 
 LIMITS = MemoryLimits()
 ANSWER = {"summary": "They talked.", "pinnedDecisions": ["Use tea"]}

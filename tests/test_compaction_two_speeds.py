@@ -12,7 +12,7 @@ from app.compaction.service import STREAMING_POLL_SECONDS, run_compaction, run_r
 from app.memory.compaction import hard_cap_messages
 from app.memory.final_turn import FinalTurn
 from app.store.keys import ThreadKeys
-from tests.fake_llm import Reply
+from chat_support.fake_llm import Reply
 from tests.fixtures.celery_worker import commit_turn, history, message_ids, seed_turns, thread_id_for, turn_ids
 from tests.fixtures.memory_data import text_record
 

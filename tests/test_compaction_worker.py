@@ -29,7 +29,7 @@ from app.memory.context import format_summary
 from app.memory.migration import read_record
 from app.memory.state import PINNED_BY_PERSON, Pin
 from app.store.keys import ThreadKeys
-from tests.fake_llm import Reply
+from chat_support.fake_llm import Reply
 from tests.fixtures.celery_worker import (asked, assistant_text, commit_turn, fold_now, folded_section, history,
                                           message_ids, raw_hash, record, refine_now, rendered, seed_turns,
                                           thread_id_for, turn_ids, wait_until)

@@ -8,7 +8,7 @@ import time
 
 import requests
 
-from tests.fixtures.live_app import ChatClient, answer_text
+from chat_support.live_app import ChatClient, answer_text
 from tests.helpers.errors import assert_no_exception_text
 
 

@@ -32,9 +32,9 @@ import websocket
 
 from app.chat.ws import STORE_FULL_CHECK_SECONDS
 from app.store.keys import ThreadKeys
-from tests.fake_llm import FakeLLM, Reply, words
+from chat_support.fake_llm import FakeLLM, Reply, words
 from tests.fixtures.deployed_web import deployed_web
-from tests.polling import wait_until
+from chat_support.polling import wait_until
 
 LIMITS = dict(WS_MAX_PER_CLIENT="3", WS_NEW_PER_MINUTE="8", TURNS_PER_MINUTE_PER_SESSION="2",
               TURNS_PER_MINUTE_PER_CLIENT="3", SESSIONS_PER_HOUR_PER_CLIENT="4", API_WRITES_PER_MINUTE="5",

@@ -14,9 +14,9 @@ import threading
 
 import pytest
 
-from tests.fake_llm import FakeLLM, Reply
+from chat_support.fake_llm import FakeLLM, Reply
 from tests.fixtures.deployed_web import Visitor, deployed_web
-from tests.fixtures.live_app import answer_text
+from chat_support.live_app import answer_text
 
 pytestmark = pytest.mark.slow  # starts the Procfile's web (tests/fixtures/lanes.py)
 

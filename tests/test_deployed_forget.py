@@ -30,10 +30,10 @@ import pytest
 
 from app.store.keys import ThreadKeys
 from tests.helpers.store_dump import store_text
-from tests.fake_llm import FakeLLM, Reply
+from chat_support.fake_llm import FakeLLM, Reply
 from tests.fixtures.celery_worker import history, wait_until
 from tests.fixtures.deployed_web import Deployed, Visitor, deployed_web
-from tests.helpers.processes import start, stop_group
+from chat_support.processes import start, stop_group
 
 WORD = "zebrafinch"
 PLANTED = f"My locker code is {WORD}-4471, keep it safe."

@@ -20,10 +20,10 @@ import requests
 import websocket
 
 from app.settings import ConfigError, Settings
-from tests.fake_llm import FakeLLM, Reply, words
+from chat_support.fake_llm import FakeLLM, Reply, words
 from tests.fixtures.deployed_web import Visitor, deployed_web
-from tests.fixtures.live_app import answer_text
-from tests.polling import wait_until
+from chat_support.live_app import answer_text
+from chat_support.polling import wait_until
 
 PER_WORKER, WORKERS, PER_SESSION = 6, 2, 4
 # Counts the page's sockets and records each close as [code, wasClean] (the page's own code is unchanged).

@@ -1,52 +1,45 @@
 """A model stream that ends before its answer is whole, against the app as deployed.
 
-The Procfile's ``web`` command (gunicorn, gevent) runs with a production environment
-(``tests.helpers.processes``), its model a real HTTP server process (``tests/cut_model.py``) whose
-body ends when its connection closes.  An answer is whole only with ``data: [DONE]`` or a
-``finish_reason`` (``app.llm.client.SSEStream``); a stream cut after a few pieces, or whose
-server process is killed mid-answer, ends the turn with ``error`` ``upstream_truncated`` and
-``done`` ``failed``, and the thread in Redis is exactly as before the turn (docs/contract.md:
-WebSocket); the page keeps the partial text marked "failed — not saved".  The stream reader
-itself, on the same server: a ``finish_reason`` without ``[DONE]`` is a whole answer, a cut after
+The Procfile's ``web`` command (gunicorn, gevent) runs with a production environment (``chat_support.processes``),
+its model the fake model server as a process of its own (``chat_support.fake_llm --cut-plan``: ``CutPlan``) whose
+body ends when its connection closes. An answer is whole only with ``data: [DONE]`` or a ``finish_reason``
+(``app.llm.client.SSEStream``); a stream cut after a few pieces, or whose server process is killed mid-answer,
+ends the turn with ``error`` ``upstream_truncated`` and ``done`` ``failed``, and the thread in Redis is exactly as
+before the turn (docs/contract.md: WebSocket); the page keeps the partial text marked "failed — not saved". The
+stream reader itself, on the same server: a ``finish_reason`` without ``[DONE]`` is a whole answer, a cut after
 text is never retried, a cut before any text is retried once.
 """
 
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 import requests
 
 from app.llm.client import CancelEvent, LLMClient, StreamStats
 from app.llm.provider import LLMError
-from tests.cut_model import pieces
-from tests.fixtures.live_app import ChatClient, answer_text, frame_kinds
-from tests.helpers.processes import prod_env, start, stop_group
-from tests.polling import wait_until
-from tests.servers import free_port, port_open, stop, wait_http
+from chat_support.fake_llm import FakeLLMProcess, plan_pieces as pieces
+from chat_support.live_app import ChatClient, answer_text, frame_kinds
+from chat_support.processes import prod_env, start, stop_group
+from chat_support.servers import free_port, wait_http
 
-ROOT = Path(__file__).resolve().parent.parent
 TRUNCATED = ("upstream_truncated",
              "The model's answer was cut off before it finished, so it was not saved. Please try again.")
 
 
 @pytest.fixture
 def cut_model(tmp_path):
-    """``(url, process)`` of a started ``tests/cut_model.py``; the process is stopped after the test."""
-    port = free_port()
+    """``(url, process)`` of the fake model server started as its own process with the cut plan (40 pieces,
+    10 ms apart; HTTP/1.0-style bodies that end when the connection closes); stopped after the test."""
     log = open(tmp_path / "cut_model.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "tests.cut_model", "--port", str(port), "--tokens", "40"],
-                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    model = FakeLLMProcess(tokens=40, token_delay=0.01, extra_args=["--cut-plan"], stderr=log, startup_timeout=15)
     try:
-        wait_until(lambda: port_open(port), 15, message="the cut model to listen")
-        yield f"http://127.0.0.1:{port}/v1", proc
+        model.start()
+        yield model.url, model.proc
     finally:
-        stop(proc)
+        model.stop()
         log.close()
 
 

@@ -25,9 +25,9 @@ import requests
 import websocket
 
 from app.store.keys import ThreadKeys
-from tests.fake_llm import FakeLLM, Reply
+from chat_support.fake_llm import FakeLLM, Reply
 from tests.fixtures.deployed_web import Visitor, deployed_web
-from tests.fixtures.live_app import answer_text
+from chat_support.live_app import answer_text
 
 ANSWER = "Hello from the deployed web."
 FOREIGN = "http://evil.example"

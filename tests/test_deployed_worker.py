@@ -24,11 +24,11 @@ import pytest
 import redis
 
 from app.store.keys import ThreadKeys
-from tests.fake_llm import Reply
+from chat_support.fake_llm import Reply
 from tests.fixtures.celery_worker import (commit_turn, folded_section, history, rendered, seed_turns, thread_id_for,
                                           wait_no_refinement, wait_until)
-from tests.helpers.processes import PROCFILE, prod_env, start, stop_group
-from tests.servers import free_port, port_open
+from chat_support.processes import PROCFILE, prod_env, start, stop_group
+from chat_support.servers import free_port, port_open
 
 ANSWER = {"summary": "They talked about where they live.", "pinnedDecisions": []}
 

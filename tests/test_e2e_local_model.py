@@ -43,10 +43,10 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.fixtures.live_app import ChatClient, answer_text
-from tests.helpers.processes import descendants
-from tests.polling import wait_until
-from tests.servers import free_ports, port_open
+from chat_support.live_app import ChatClient, answer_text
+from chat_support.processes import descendants
+from chat_support.polling import wait_until
+from chat_support.servers import free_ports, port_open
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,15 +1,27 @@
-"""The fake OpenAI-compatible server, exercised through the real ``openai`` SDK over loopback HTTP."""
+"""The fake OpenAI-compatible server (``chat_support.fake_llm``), exercised through the real ``openai`` SDK over
+loopback HTTP, in each of its modes: echo, cut streams, slow tokens, recording (and forwarding), replay, structured
+answers, failures, and llama.cpp's endpoints (health, text completions, slots) and its stand-in process."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 
 import openai
 import pytest
 
-from tests.fake_llm import DEFAULT_TEXT, FakeLLM, FakeLLMProcess, Reply, split_tokens, words
+from chat_support.fake_llm import (DEFAULT_TEXT, CutPlan, FakeLLM, FakeLLMProcess, Replay, Reply, answer_of,
+                                   plan_pieces, split_tokens, words)
+from chat_support.polling import wait_until
+from chat_support.servers import free_port, port_open
 
 MESSAGES = [
     {"role": "system", "content": "You are terse."},
@@ -413,3 +425,246 @@ def test_stop_ends_in_flight_streams_quickly(any_llm):
     assert rec.outcome == "server_stopped" and rec.tokens_sent < 20
     with pytest.raises(openai.APIConnectionError):
         list(stream)
+
+
+# -- the modes added for the fakes the tests and benchmarks used to have ------------------------------------------
+
+def raw_post(url: str, body: dict, timeout: float = 10) -> tuple[int, bytes]:
+    """``(status, raw body)`` of a POST of ``body`` as JSON (HTTP errors included)."""
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def raw_exchange(port: int, body: dict) -> tuple[bytes, bytes]:
+    """``(head, body bytes)`` of a streamed chat request read until the server closes the connection."""
+    payload = json.dumps(body).encode()
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(payload), payload))
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    return head, rest
+
+
+def events(raw: bytes) -> list:
+    """The SSE ``data:`` payloads of a close-delimited body, JSON-decoded (``"[DONE]"`` as it is)."""
+    out = []
+    for line in raw.decode().splitlines():
+        if line.startswith("data: "):
+            out.append(line[6:] if line[6:] == "[DONE]" else json.loads(line[6:]))
+    return out
+
+
+def test_echo_mode_answers_the_last_user_message_streamed_and_whole(llm):
+    llm.default = Reply(echo=True)
+    c = client(llm)
+    streamed = [ch.choices[0].delta.content for ch in stream_chat(c) if ch.choices and ch.choices[0].delta.content]
+    whole = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "say it back"}])
+    assert streamed == ["what", " do", " I", " like?"]
+    assert whole.choices[0].message.content == "say it back"
+    assert [r.answer for r in llm.chat_requests()] == ["what do I like?", "say it back"]
+
+
+def test_close_framing_ends_the_body_at_the_close_and_done_can_be_left_out(llm):
+    llm.default = Reply(tokens=["a", " b", " c"], framing="close", done=False)
+    head, body = raw_exchange(llm.port, {"model": "m", "messages": MESSAGES, "stream": True})
+    assert b"Transfer-Encoding" not in head and b"Content-Length" not in head and b"Connection: close" in head
+    got = events(body)
+    assert [e["choices"][0]["delta"].get("content") for e in got] == ["", "a", " b", " c", None]
+    assert got[-1]["choices"][0]["finish_reason"] == "stop" and "[DONE]" not in got
+    llm.default = Reply(tokens=["a", " b", " c"], framing="close")
+    assert events(raw_exchange(llm.port, {"model": "m", "messages": MESSAGES, "stream": True})[1])[-1] == "[DONE]"
+
+
+def test_cut_plan_cuts_hangs_or_leaves_out_done_as_the_message_says(llm):
+    llm.default = CutPlan(tokens=6, token_delay=0.0)
+    texts = {}
+    for text in ("hi", "hi [cut 2]", "hi [nodone 3]", "hi [hang 1]"):
+        if "hang" in text:
+            llm.stall_max = 0.3
+        got = events(raw_exchange(llm.port, {"model": "m", "messages": [{"role": "user", "content": text}],
+                                             "stream": True})[1])
+        texts[text] = ("".join(e["choices"][0]["delta"].get("content") or "" for e in got if e != "[DONE]"),
+                       [e["choices"][0]["finish_reason"] for e in got if e != "[DONE]"][-1], got[-1] == "[DONE]")
+    assert plan_pieces(3) == ["Echo:", " t1", " t2"]
+    assert texts == {"hi": ("Echo: t1 t2 t3 t4 t5", "stop", True), "hi [cut 2]": ("Echo: t1", None, False),
+                     "hi [nodone 3]": ("Echo: t1 t2", "stop", False), "hi [hang 1]": ("Echo:", None, False)}
+    assert [r.outcome for r in llm.chat_requests()] == ["completed", "dropped", "completed", "stall_expired"]
+
+
+def test_cut_plan_as_its_own_process_and_a_kill_mid_answer(tmp_path):
+    with open(tmp_path / "err.log", "w") as log, FakeLLMProcess(tokens=40, token_delay=0.05,
+                                                                extra_args=["--cut-plan"], stderr=log) as proc:
+        c = client(proc.url)
+        assert "".join(ch.choices[0].delta.content or "" for ch in stream_chat(c, messages=[
+            {"role": "user", "content": "hi [nodone 4]"}])) == "Echo: t1 t2 t3"
+        stream = stream_chat(c, messages=[{"role": "user", "content": "hi [hang 3]"}])
+        got = []
+        for ch in stream:
+            got += [ch.choices[0].delta.content] if ch.choices and ch.choices[0].delta.content else []
+            if len(got) == 3:
+                break
+        proc.proc.kill()  # the model server dies mid-answer
+        assert proc.proc.wait(5) == -signal.SIGKILL
+        rest = list(stream)  # the body ends at the close: no more text, and no finish_reason
+        assert got == plan_pieces(40)[:3]
+        assert [(ch.choices[0].delta.content, ch.choices[0].finish_reason) for ch in rest if ch.choices] == []
+
+
+def test_slow_mode_paces_the_tokens_from_the_command_line():
+    with FakeLLMProcess(tokens=5, token_delay=0.1, first_token_delay=0.2) as proc:
+        t0 = time.monotonic()
+        stamps = [time.monotonic() - t0 for ch in stream_chat(client(proc.url))
+                  if ch.choices and ch.choices[0].delta.content]
+    assert len(stamps) == 5
+    assert stamps[0] >= 0.18 and stamps[-1] - stamps[0] >= 0.38  # 0.2 s to the first, 4 x 0.1 s after it
+
+
+def test_recording_forwarding_and_replay_answer_the_same(tmp_path):
+    with FakeLLM(Reply(echo=True, usage=(5, 3))) as upstream, FakeLLM(upstream=f"http://127.0.0.1:{upstream.port}") as rec:
+        c = client(rec)
+        said = [c.chat.completions.create(model="m", messages=[{"role": "user", "content": f"turn {n}"}]
+                                          ).choices[0].message.content for n in range(2)]
+        said.append("".join(ch.choices[0].delta.content or "" for ch in stream_chat(
+            c, messages=[{"role": "user", "content": "streamed turn"}], stream_options={"include_usage": True})
+            if ch.choices))
+        assert [m.id for m in c.models.list()] == ["fake-chat", "fake-compact"]  # forwarded too
+        for r in rec.requests:
+            assert r.wait(2)
+        assert said == ["turn 0", "turn 1", "streamed turn"]
+        assert [(r.answer, r.usage["prompt_tokens"], r.rule) for r in rec.chat_requests()] == [
+            ("turn 0", 5, "upstream"), ("turn 1", 5, "upstream"), ("streamed turn", 5, "upstream")]
+        assert [r.path for r in upstream.requests] == ["/v1/chat/completions"] * 3 + ["/v1/models"]
+        assert rec.save_recording(tmp_path / "rec.json") == 3
+
+    replay = Replay.load(tmp_path / "rec.json")
+    with FakeLLM(replay) as llm:
+        c = client(llm)
+        again = [c.chat.completions.create(model="m", messages=[{"role": "user", "content": "anything"}]
+                                           ).choices[0].message.content for _ in range(3)]
+        with pytest.raises(openai.InternalServerError) as left:
+            c.chat.completions.create(model="m", messages=MESSAGES)
+    assert again == said
+    assert "no recorded answer left" in left.value.message and replay.missed == 1
+
+    by_messages = Replay(json.loads((tmp_path / "rec.json").read_text()), match="messages")
+    with FakeLLMProcess(extra_args=["--replay", str(tmp_path / "rec.json"), "--replay-match", "messages"]) as proc:
+        c = client(proc.url)
+        assert c.chat.completions.create(model="m", messages=[{"role": "user", "content": "turn 1"}]
+                                         ).choices[0].message.content == "turn 1"
+        with pytest.raises(openai.InternalServerError):
+            c.chat.completions.create(model="m", messages=[{"role": "user", "content": "never said"}])
+    assert by_messages({"messages": [{"role": "user", "content": "turn 0"}]}).text == "turn 0"
+
+
+def test_answer_of_reads_streams_and_whole_answers():
+    stream = (b'data: {"choices":[{"delta":{"content":"a"}}]}\n\ndata: {"choices":[{"delta":{"content":" b"}}]}\n\n'
+              b'data: {"choices":[],"usage":{"prompt_tokens":3}}\n\ndata: [DONE]\n\n')
+    assert answer_of(stream) == ("a b", {"prompt_tokens": 3})
+    assert answer_of(b'{"choices":[{"message":{"content":"whole"}}],"usage":{"completion_tokens":1}}') == (
+        "whole", {"completion_tokens": 1})
+
+
+def test_structured_answers_are_scripted_per_request_and_chat_is_left_alone(llm, tmp_path):
+    llm.answer_structured({"summary": "first"}, {"summary": "second"})
+    c = client(llm)
+    rf = {"type": "json_object"}
+    chat = "".join(ch.choices[0].delta.content or "" for ch in stream_chat(c))
+    answers = [json.loads(c.chat.completions.create(model="fake-compact", messages=MESSAGES, response_format=rf)
+                          .choices[0].message.content) for _ in range(3)]
+    assert chat == DEFAULT_TEXT
+    assert answers == [{"summary": "first"}, {"summary": "second"}, {}]  # then a minimal instance of no schema
+
+    (tmp_path / "answers.json").write_text(json.dumps([{"summary": "from a file"}]))
+    with FakeLLMProcess(extra_args=["--structured", str(tmp_path / "answers.json")]) as proc:
+        c = client(proc.url)
+        got = [json.loads(c.chat.completions.create(model="fake-compact", messages=MESSAGES, response_format=rf)
+                          .choices[0].message.content) for _ in range(2)]
+    assert got == [{"summary": "from a file"}, {}]
+
+
+def test_path_rules_answer_the_models_endpoint_and_malformed_requests():
+    with FakeLLM() as llm:
+        llm.add_rule(Reply(status=503), path="/v1/models", times=1)
+        llm.add_rule(Reply(text="even so"), path="/v1/chat/completions", times=1)
+        with pytest.raises(openai.InternalServerError):
+            client(llm).models.list()
+        assert [m.id for m in client(llm).models.list()] == ["fake-chat", "fake-compact"]
+        status, body = raw_post(llm.url + "/chat/completions", {"messages": []})  # no model, no message
+        assert (status, json.loads(body)["choices"][0]["message"]["content"]) == (200, "even so")
+        status, body = raw_post(llm.url + "/chat/completions", {"messages": []})
+        assert status == 400
+        assert [r.rule for r in llm.requests] == ["rule#0", None, "rule#0", None]  # None: no reply was chosen
+
+
+def test_llama_cpp_health_text_completions_and_optional_model():
+    with FakeLLM(Reply(text="Hi", finish_reason="length"), require_model=False) as llm:
+        with urllib.request.urlopen(llm.base_url + "/health", timeout=5) as resp:
+            assert json.loads(resp.read()) == {"status": "ok"}
+        status, body = raw_post(llm.url + "/completions", {"prompt": "Hello", "max_tokens": 1})
+        answer = json.loads(body)
+        assert (status, answer["object"], answer["choices"][0]["text"], answer["choices"][0]["finish_reason"]) == (
+            200, "text_completion", "Hi", "length")
+        status, body = raw_post(llm.url + "/chat/completions", {"messages": [{"role": "user", "content": "x"}]})
+        assert status == 200 and json.loads(body)["choices"][0]["message"]["content"] == "Hi"
+    with FakeLLM() as strict:
+        assert raw_post(strict.url + "/completions", {"prompt": "Hello"})[0] == 400
+
+
+def test_slots_hold_the_last_request_and_save_restore_erase_files(tmp_path):
+    with FakeLLM(Reply(text="ok"), slot_dir=tmp_path, require_model=False) as llm:
+        def chat(*texts: str, stream: bool = False) -> list:
+            body = {"messages": [{"role": "user", "content": t} for t in texts], "stream": stream}
+            status, raw = raw_post(llm.url + "/chat/completions", body)
+            assert status == 200
+            return events(raw)[-2]["slot_before"] if stream else json.loads(raw)["slot_before"]
+
+        assert chat("a") == []
+        assert chat("b") == ["a", "ok"]
+        assert raw_post(llm.base_url + "/slots/0?action=save", {"filename": "b.bin"}) [0] == 200
+        assert raw_post(llm.base_url + "/slots/0?action=erase", {})[0] == 200
+        assert chat("c", stream=True) == []
+        assert raw_post(llm.base_url + "/slots/0?action=restore", {"filename": "b.bin"})[0] == 200
+        assert chat("d") == ["b", "ok"]
+        assert raw_post(llm.base_url + "/slots/0?action=restore", {"filename": "none.bin"})[0] == 404
+        assert json.loads((tmp_path / "b.bin").read_text()) == ["b", "ok"]
+        assert [r.path for r in llm.requests if r.path.startswith("/slots")] == [
+            "/slots/0?action=save", "/slots/0?action=erase", "/slots/0?action=restore", "/slots/0?action=restore"]
+
+
+@pytest.mark.parametrize("mode, path, signal_number", [("sigill", "/v1/completions", signal.SIGILL),
+                                                       ("segv-chat", "/v1/chat/completions", signal.SIGSEGV)])
+def test_the_llama_standin_crashes_with_its_signal_and_answers_otherwise(tmp_path, mode, path, signal_number):
+    port = free_port()
+    env = {**os.environ, "STANDIN_MODE": mode, "STANDIN_STARTS": str(tmp_path / "starts")}
+    env.pop("STANDIN_FAIL_PORT", None)
+    proc = subprocess.Popen([sys.executable, "-m", "chat_support.llama_standin", "--model", "m.gguf", "--port",
+                             str(port), "--role", "chat"], env=env)
+    try:
+        wait_until(lambda: port_open(port), 15, "the stand-in to listen")
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5) as resp:
+            assert [m["id"] for m in json.loads(resp.read())["data"]] == ["qwen2.5-coder-0.5b-instruct"]
+        if mode == "segv-chat":  # the start check's text completion passes
+            status, body = raw_post(f"http://127.0.0.1:{port}/v1/completions", {"prompt": "Hello", "max_tokens": 1})
+            assert (status, json.loads(body)["choices"][0]["text"]) == (200, "Hi")
+        with pytest.raises((ConnectionError, urllib.error.URLError, http_client_errors())):
+            raw_post(f"http://127.0.0.1:{port}{path}", {"messages": []})
+        assert proc.wait(10) == -signal_number
+        assert (tmp_path / "starts").read_text() == f"{port}\n"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+
+
+def http_client_errors():
+    import http.client
+
+    return http.client.HTTPException

@@ -18,9 +18,9 @@ from app.memory.record import PERSON, Record, RecordLine
 from app.memory.state import Pin, ThreadState
 from app.store.keys import ThreadKeys
 from tests.helpers.store_dump import store_text
-from tests.fake_llm import Reply
+from chat_support.fake_llm import Reply
 from tests.fixtures.celery_worker import commit_turn, history, seed_turns
-from tests.fixtures.live_app import ChatClient, LiveServer
+from chat_support.live_app import ChatClient, LiveServer
 
 WORD = "zebrafinch"
 PLANTED = f"My locker code is {WORD}-4471, keep it safe."

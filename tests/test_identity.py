@@ -13,7 +13,7 @@ import pytest
 from app import create_app
 from app.memory.final_turn import FinalTurn
 from app.identity import SESSION_KEY, thread_id_for
-from tests.fixtures.live_app import ChatClient
+from chat_support.live_app import ChatClient
 
 THREAD_RE = re.compile(r"^chat:[a-f0-9]{64}$")
 

@@ -55,3 +55,35 @@ def test_an_import_running_back_up_breaks_a_contract(tmp_path, module, line, con
     assert result.returncode != 0
     broken = [row for row in result.stdout.splitlines() if row.endswith("BROKEN")]
     assert any(contract in row for row in broken), result.stdout
+
+
+# -- tests, benchmarks and the support package ------------------------------------------------------------------
+
+def imported_roots(source: str) -> set[str]:
+    """The top-level names of every absolute import in ``source`` (lazy ones inside functions too)."""
+    import ast
+
+    roots = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            roots |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            roots.add(node.module.split(".")[0])
+    return roots
+
+
+def test_bench_scripts_and_support_never_import_the_tests_and_the_app_imports_none_of_them():
+    """README: Layout.  The tests import chat_support (support/), never the other way round; bench/ and scripts/
+    import no tests module; the app imports none of tests, bench, scripts or chat_support."""
+    assert imported_roots("def f():\n    from tests.fixtures.x import y\nimport bench.replay") == {"tests", "bench"}
+    found = {}
+    for folder, forbidden in (("bench", {"tests"}), ("scripts", {"tests"}), ("support", {"tests", "bench"}),
+                              ("app", {"tests", "bench", "scripts", "chat_support"}),
+                              ("workers", {"tests", "bench", "scripts", "chat_support"})):
+        files = sorted((ROOT / folder).rglob("*.py"))
+        assert files, folder
+        for path in files:
+            bad = imported_roots(path.read_text()) & forbidden
+            if bad:
+                found[str(path.relative_to(ROOT))] = sorted(bad)
+    assert found == {}

@@ -12,7 +12,7 @@ import pytest
 
 from app.llm.client import CancelEvent, LLMClient, SSEDecoder, StreamStats, http_parser
 from app.llm.provider import LLMError, map_error
-from tests.fake_llm import Reply, words
+from chat_support.fake_llm import Reply, words
 
 SECRET = "UPSTREAM-SECRET-7f3a: redis://admin:hunter2@10.0.0.5 Traceback"
 PEOPLE_MESSAGES = {

@@ -2,11 +2,12 @@
 
 The chat server has one slot and keeps prompt state only in that slot and in one slot file per thread, which its
 supervisor restores before that thread's requests (``scripts/slot_cache.py``; no RAM prompt cache), so two
-sessions chatting at once make it switch the slot between them on almost every request.  Through the real app (served on loopback, the test Redis) and the real bundled model
-(``scripts/model_server.py --role chat``), two browser sessions chat at the same time, each with its own planted
-word.  Every request the app sent to the model and every answer the model streamed back is recorded by a
-forwarding HTTP proxy between them.  Expected: each session's prompts hold its own word and never the other's;
-no answer (as streamed by the server, and as the session received it) holds the other session's word; and
+sessions chatting at once make it switch the slot between them on almost every request. Through the real app
+(served on loopback, the test Redis) and the real bundled model (``scripts/model_server.py --role chat``), two
+browser sessions chat at the same time, each with its own planted word. Every request the app sent to the model
+and every answer the model streamed back is recorded by a forwarding HTTP proxy between them (the fake model
+server in its forwarding mode, ``upstream=``). Expected: each session's prompts hold its own word and never the
+other's; no answer (as streamed by the server, and as the session received it) holds the other session's word; and
 the two sessions' requests really alternated on the one slot.
 
 Needs the verified GGUF file (``make test`` fetches it first).
@@ -14,17 +15,15 @@ Needs the verified GGUF file (``make test`` fetches it first).
 
 from __future__ import annotations
 
-import http.client
-import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from chat_support.fake_llm import FakeLLM
+from chat_support.live_app import ChatClient, answer_text
+from chat_support.servers import free_ports
 from scripts import local_model
-from tests.fixtures.live_app import ChatClient, answer_text
 from tests.helpers.model_server import start_model_server, stop_model_server
-from tests.servers import free_ports
 
 WORDS = {"a": "MARZIPANTO", "b": "QUILBERRY"}
 TURNS = [
@@ -32,75 +31,6 @@ TURNS = [
     "Write one short sentence about the sea.",
     "What is my secret code word? Answer with the word only.",
 ]
-
-
-class RecordingProxy:
-    """A real HTTP server on loopback that forwards every request to ``upstream`` (host, port) and records, per
-    ``POST .../chat/completions``, the request body and the answer text the server streamed back."""
-
-    def __init__(self, upstream: tuple[str, int]):
-        self.exchanges: list[dict] = []
-        self.lock = threading.Lock()
-        owner = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *_args):
-                pass
-
-            def _forward(self, method: str):
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                conn = http.client.HTTPConnection(*upstream, timeout=300)
-                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "content-length")}
-                conn.request(method, self.path, body=body or None, headers=headers)
-                resp = conn.getresponse()
-                self.send_response(resp.status)
-                for key, value in resp.getheaders():
-                    if key.lower() not in ("content-length", "transfer-encoding", "connection"):
-                        self.send_header(key, value)
-                self.send_header("Transfer-Encoding", "chunked")
-                self.send_header("Connection", "close")
-                self.end_headers()
-                received = []
-                while chunk := resp.read1(65536):
-                    received.append(chunk)
-                    self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
-                    self.wfile.flush()
-                self.wfile.write(b"0\r\n\r\n")
-                conn.close()
-                if method == "POST" and self.path.endswith("/chat/completions"):
-                    with owner.lock:
-                        owner.exchanges.append({"request": json.loads(body), "status": resp.status,
-                                                "answer": streamed_text(b"".join(received))})
-
-            def do_GET(self):
-                self._forward("GET")
-
-            def do_POST(self):
-                self._forward("POST")
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
-
-
-def streamed_text(raw: bytes) -> str:
-    """The content of an answer: the ``delta.content`` of each SSE event, or ``message.content`` of a JSON body."""
-    text = raw.decode("utf-8", errors="replace")
-    if not text.lstrip().startswith("data:"):
-        body = json.loads(text)
-        return "".join(c["message"].get("content") or "" for c in body.get("choices", []))
-    parts = []
-    for line in text.splitlines():
-        if line.startswith("data:") and line[5:].strip() not in ("", "[DONE]"):
-            for choice in json.loads(line[5:]).get("choices", []):
-                parts.append((choice.get("delta") or {}).get("content") or "")
-    return "".join(parts)
 
 
 def prompt_text(request: dict) -> str:
@@ -112,7 +42,7 @@ def prompt_text(request: dict) -> str:
 def test_two_sessions_at_once_never_see_each_others_words(make_live_app, settings, tmp_path):
     (port,) = free_ports(1)
     model = start_model_server(port, tmp_path / "model.log")
-    proxy = RecordingProxy(("127.0.0.1", port))
+    proxy = FakeLLM(upstream=f"http://127.0.0.1:{port}").start()  # forwards and records every exchange
     try:
         live = make_live_app(settings.with_overrides(
             openai_base_url=proxy.url, openai_api_key="local", chat_model=local_model.MODEL_NAME,
@@ -143,10 +73,12 @@ def test_two_sessions_at_once_never_see_each_others_words(make_live_app, setting
         assert errors == []
         assert [len(answers[name]) for name in WORDS] == [len(TURNS)] * 2
     finally:
-        proxy.close()
+        proxy.stop()
         stop_model_server(model)
 
-    exchanges = proxy.exchanges
+    # per POST .../chat/completions: the request body, and the status and answer text the server streamed back
+    exchanges = [{"request": r.body, "status": r.status, "answer": r.answer}
+                 for r in proxy.chat_requests() if r.wait(10)]
     assert len(exchanges) == 2 * len(TURNS) and {e["status"] for e in exchanges} == {200}
     owners = []
     for exchange in exchanges:

@@ -30,10 +30,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from app.observability import metrics
 from app.settings import MemoryLimits
 from app.store.keys import WORKER_METRICS_KEY
-from tests.fake_llm import Reply
+from chat_support.fake_llm import Reply
 from tests.fixtures.celery_worker import history, seed_turns, wait_no_refinement, wait_until
-from tests.fixtures.live_app import ChatClient, LiveServer
-from tests.servers import free_port, stop
+from chat_support.live_app import ChatClient, LiveServer
+from chat_support.servers import free_port, stop
 
 ROOT = Path(__file__).resolve().parents[1]
 FAMILIES = {

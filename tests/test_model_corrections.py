@@ -16,7 +16,7 @@ from app.memory.context import format_summary
 from app.settings import Settings
 from bench.corrections import CASES, answered, ask, summary_of
 from tests.helpers.model_server import start_model_server, stop_model_server
-from tests.servers import free_ports
+from chat_support.servers import free_ports
 
 CHOSEN = [next(c for c in CASES if (c.lang, c.kind) == wanted)  # the first date and place case of each language
           for wanted in (("en", "date"), ("en", "place"), ("zh", "date"), ("zh", "place"))]

@@ -1,55 +1,43 @@
 """``GET /healthz`` reports the model endpoint (contract: HTTP; README: Identity and degradation).
 
-The probe (``app.llm.health``) is checked against real HTTP servers that answer each way, and ``/healthz`` of
+The probe (``app.llm.health``) is checked against real HTTP servers that answer each way (the fake model server
+with a rule for ``/v1/models``), and ``/healthz`` of
 the app served for real against the bundled model's real llama.cpp server (``scripts/model_server.py``), stopped and started again
 on the same port: 503 ``"model": "down"`` while it is stopped, 200 ``"up"`` again without restarting the app.
 """
 
 from __future__ import annotations
 
-import json
 import socket
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import requests
 
 from app.llm import health
+from chat_support.fake_llm import FakeLLM, Reply
 from tests.helpers.model_server import start_model_server, stop_model_server
-from tests.polling import wait_until
-from tests.servers import free_ports
+from chat_support.polling import wait_until
+from chat_support.servers import free_ports
 
 EXCEPTION_WORDS = ("Traceback", "Error", "refused", "Exception", "errno")
 
 
 class Answering:
-    """A real HTTP server on loopback whose ``GET /v1/models`` answers ``status``; counts the requests."""
+    """A real HTTP server on loopback (the fake model server) whose ``GET /v1/models`` answers ``status``;
+    ``requests`` counts the requests it got."""
 
     def __init__(self, status: int):
-        self.requests = 0
-        owner = self
+        self.fake = FakeLLM().start()
+        self.fake.add_rule(Reply(status=status), path="/v1/models")  # 200: an empty model list
+        self.url = self.fake.url
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *_args):
-                pass
-
-            def do_GET(self):
-                owner.requests += 1
-                body = json.dumps({"object": "list", "data": []}).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    @property
+    def requests(self) -> int:
+        return len(self.fake.requests)
 
     def close(self):
-        self.server.shutdown()
-        self.server.server_close()
+        self.fake.stop()
 
 
 @pytest.mark.parametrize("status, expected", [(200, "up"), (404, "up"), (500, "down"), (503, "down"),

@@ -59,7 +59,7 @@ def test_the_supervisor_starts_the_compaction_server_at_niceness_ten(tmp_path, r
     """``scripts/model_server.py`` run for real (with the stand-in server process, which the command line
     reaches as the real child would): the server process it starts has the role's niceness."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LOCAL_MODEL", "LOCAL_COMPACTION", "STANDIN"))}
-    env.update({"LOCAL_MODEL_SERVER_MODULE": "tests.fixtures.standin_model_server", "STANDIN_MODE": "ok",
+    env.update({"LOCAL_MODEL_SERVER_MODULE": "chat_support.llama_standin", "STANDIN_MODE": "ok",
                 "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"})
     with socket.socket() as sock:  # a free loopback port, closed so the server may bind it
         sock.bind(("127.0.0.1", 0))

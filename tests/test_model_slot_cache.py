@@ -2,7 +2,7 @@
 (``scripts/slot_cache.py``; README: The bundled model).
 
 The proxy runs for real on loopback in front of a stand-in of llama.cpp's one-slot server with slot files
-(``tests.fixtures.standin_slot_server``: its slot holds the texts of the last request, and each answer says what
+(the fake model server with ``slot_dir``: its slot holds the texts of the last request, and each answer says what
 the slot held when the request came).  Threads chat at once, in random interleavings: a request about one thread
 never finds another thread's text in the slot, and a thread's next request finds its own previous one there even
 after other threads' turns.  The slow test does the same with the real bundled model (``scripts/model_server.py``
@@ -24,9 +24,9 @@ import pytest
 
 from app.llm.cache_key import CACHE_HEADER, cache_headers, thread_cache_key
 from app.llm.client import CancelEvent, LLMClient, StreamStats
+from chat_support.fake_llm import FakeLLM, Reply
+from chat_support.servers import free_ports
 from scripts import slot_cache
-from tests.fixtures.standin_slot_server import StandinSlotServer
-from tests.servers import free_ports
 
 SECRET = "s" * 64
 SYSTEM = "You are a helpful assistant."
@@ -44,10 +44,11 @@ def post(url: str, body: dict, key: str | None = None) -> tuple[int, dict]:
 
 @pytest.fixture
 def proxied(tmp_path):
-    """``(proxy url, SlotCache, stand-in)``: the proxy on a free loopback port in front of the stand-in."""
+    """``(proxy url, SlotCache, stand-in)``: the proxy on a free loopback port in front of the stand-in (the fake
+    model server keeping llama.cpp's slot, answering ``"ok"``; no model name needed, as with llama.cpp)."""
     directory = tmp_path / "slots"
     directory.mkdir()
-    standin = StandinSlotServer(directory)
+    standin = FakeLLM(Reply(text="ok"), slot_dir=directory, require_model=False).start()
     cache = slot_cache.SlotCache(standin.address, directory, max_files=64)
     (port,) = free_ports(1)
     server = slot_cache.make_proxy(cache, "127.0.0.1", port)
@@ -57,7 +58,7 @@ def proxied(tmp_path):
     finally:
         server.shutdown()
         server.server_close()
-        standin.close()
+        standin.stop()
 
 
 def test_no_thread_ever_finds_another_threads_text_and_each_finds_its_own_after_others(proxied):
@@ -121,7 +122,7 @@ def test_the_proxy_refuses_slot_paths_and_malformed_keys(proxied):
     assert post(url + "/slots/0?action=restore", {"filename": "base.bin"})[0] == 403
     assert post(url + "/v1/chat/completions", {"messages": []}, key="thread-1")[0] == 400
     assert post(url + "/v1/chat/completions", {"messages": []}, key="A" * 64)[0] == 400
-    assert [path for path, _ in standin.requests if path.startswith("/slots") or "chat" in path] == []
+    assert [r.path for r in standin.requests if r.path.startswith("/slots") or "chat" in r.path] == []
 
 
 def test_slot_files_stay_within_their_count_and_bytes_oldest_out(tmp_path):

@@ -1,7 +1,7 @@
 """The bundled model's start check (README: The bundled model): a server that cannot complete stops the run.
 
 ``scripts/model_server.py`` and ``make run`` (``scripts/dev.py`` with honcho) are run for real, with a
-stand-in model server (``tests/fixtures/standin_model_server.py``) that answers ``/v1/models`` and then kills
+stand-in model server (``chat_support.llama_standin``: the fake model server) that answers ``/v1/models`` and then kills
 itself with SIGILL at its first completion, as a llama.cpp build with an instruction the machine lacks does.
 Expected: one line naming the signal and what to do, a non-zero exit, and no restart.
 """
@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.helpers.processes import descendants
-from tests.servers import free_ports, port_open
+from chat_support.processes import descendants
+from chat_support.servers import free_ports, port_open
 
 ROOT = Path(__file__).resolve().parent.parent
-STANDIN = "tests.fixtures.standin_model_server"
+STANDIN = "chat_support.llama_standin"
 
 
 def standin_env(tmp_path: Path, mode: str, fail_port: int | None = None, **extra: str) -> dict[str, str]:

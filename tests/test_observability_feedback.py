@@ -9,8 +9,8 @@ import pytest
 from app.memory.hydration import find_forbidden_key
 from app.observability.feedback import MAX_FEEDBACK, load_feedback
 from app.store.keys import ThreadKeys
-from tests.fake_llm import Reply
-from tests.fixtures.live_app import ChatClient
+from chat_support.fake_llm import Reply
+from chat_support.live_app import ChatClient
 from tests.fixtures.memory_data import text_record
 
 

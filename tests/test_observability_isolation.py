@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from app.memory.hydration import find_forbidden_key
-from tests.fake_llm import Reply
-from tests.fixtures.live_app import ChatClient
+from chat_support.fake_llm import Reply
+from chat_support.live_app import ChatClient
 
 SECRET_USER = "alice's passport number is X1234567"
 SECRET_ANSWER = "I noted the passport number X1234567."

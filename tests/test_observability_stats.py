@@ -19,8 +19,8 @@ from app.memory.hydration import find_forbidden_key
 from app.memory.recall import RECALL_HEADER
 from app.settings import MemoryLimits
 from app.store.keys import ThreadKeys
-from tests.fake_llm import Reply
-from tests.fixtures.live_app import ChatClient
+from chat_support.fake_llm import Reply
+from chat_support.live_app import ChatClient
 from tests.fixtures.memory_data import text_record
 from tests.fixtures.streamed_chat import seed_memory
 

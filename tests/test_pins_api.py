@@ -17,9 +17,9 @@ from app.memory.hydration import find_forbidden_key
 from app.memory.state import Pin
 from app.memory.tokens import TokenCounter
 from app.settings import MemoryLimits
-from tests.fake_llm import Reply
+from chat_support.fake_llm import Reply
 from tests.fixtures.celery_worker import WORDS, user_text
-from tests.fixtures.live_app import ChatClient, LiveServer
+from chat_support.live_app import ChatClient, LiveServer
 
 
 def pin(client: ChatClient, **body):

@@ -12,8 +12,8 @@ from app.chat.connection import CompactionWarmup
 from app.llm.warmup import PromptWarmup
 from app.memory.context import RECORD_HEADER
 from app.settings import MemoryLimits, Settings
-from tests.fake_llm import Reply
-from tests.fixtures.live_app import ChatClient
+from chat_support.fake_llm import Reply
+from chat_support.live_app import ChatClient
 
 WORD_A, WORD_B = "MARZIPANTO", "QUILBERRY"
 

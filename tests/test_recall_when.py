@@ -49,8 +49,8 @@ def test_with_recall_on_asks_a_statement_turn_recalls_nothing_and_a_question_rec
     """Over the socket of a served app (``MEMORY_RECALL_WHEN=asks``): a folded turn reaches the prompt for a
     question that matches it, and no recall section is sent for a statement that matches it as well."""
     from app.memory.final_turn import FinalTurn
-    from tests.fake_llm import Reply
-    from tests.fixtures.live_app import ChatClient
+    from chat_support.fake_llm import Reply
+    from chat_support.live_app import ChatClient
     from tests.fixtures.memory_data import CREATED, text_record
     from tests.fixtures.streamed_chat import seed_memory
 

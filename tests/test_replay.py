@@ -22,7 +22,7 @@ from app.memory.tokens import counter_for
 from app.settings import MemoryLimits
 from bench.replay import (Conversation, ReplayFakeModel, Replayer, _clip, account, kdconv_turns, load_kdconv,
                           load_locomo, locomo_turns)
-from tests.fixtures.live_app import LiveServer
+from chat_support.live_app import LiveServer
 
 ROOT = Path(__file__).resolve().parent.parent
 TURNS = 120
@@ -255,14 +255,14 @@ def test_the_command_replays_data_it_is_given_and_writes_a_report_and_plots(tmp_
         [{"name": "n", "messages": [{"message": f"第{i}句话，我们聊聊电影。"} for i in range(12)]}] * 2,
         ensure_ascii=False))
     out = tmp_path / "out"
-    command = [sys.executable, "bench/replay.py", "--data", str(data), "--fake", "--locomo", "1", "--min-turns", "16",
-               "--kdconv", "2", "--out", str(out)]
+    command = [sys.executable, "-m", "bench.replay", "--data", str(data), "--fake", "--locomo", "1",
+               "--min-turns", "16", "--kdconv", "2", "--out", str(out)]
     env = {"PATH": "/usr/bin:/bin", "REDIS_URL": redis_url, "HOME": str(tmp_path)}
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "replay: pass" in done.stdout
     report = (out / "report.md").read_text()
-    assert "python bench/replay.py --data " in report
+    assert "python -m bench.replay --data " in report
     assert "| conv-x | 16 / 16 | 16 |" in report
     assert "| kdconv-1 (film) | 12 / 12 | 12 |" in report
     results = json.loads((out / "results.json").read_text())

@@ -21,8 +21,8 @@ from app.memory.hydration import find_forbidden_key
 from app.runtime.resources import read_resource
 from app.runtime.run_store import RUN_TTL_SECONDS, RunStore
 from app.store.keys import ThreadKeys
-from tests.fake_llm import Reply
-from tests.fixtures.live_app import ChatClient, answer_text, frame_kinds
+from chat_support.fake_llm import Reply
+from chat_support.live_app import ChatClient, answer_text, frame_kinds
 from tests.fixtures.runs import commit_recorded_final
 from tests.fixtures.streamed_chat import wait_for
 from tests.helpers.tool_scripts import (PLAN_ITEMS, has_tool_results, last_user, matching, only_run, planner,

@@ -78,7 +78,7 @@ def test_a_state_key_that_is_not_a_hash_is_corrupt_and_clear_replaces_it(store, 
 
 def test_redis_error_surfaces_as_store_unavailable(settings, tid):
     from app.store.redis_client import make_redis
-    from tests.servers import free_port
+    from chat_support.servers import free_port
 
     client = make_redis(f"redis://127.0.0.1:{free_port()}/0", socket_timeout=0.5)
     dead = ThreadStore(client, settings.limits, TTL)

@@ -32,9 +32,9 @@ from app.memory.final_turn import FinalTurn
 from app.settings import Settings
 from app.store.keys import ThreadKeys
 from app.store.redis_client import celery_broker_url, make_redis
-from tests.fake_llm import Reply
+from chat_support.fake_llm import Reply
 from tests.fixtures.celery_worker import asked, history, record, seed_turns, thread_id_for, wait_until
-from tests.servers import free_port, port_open, stop
+from chat_support.servers import free_port, port_open, stop
 
 ROOT = Path(__file__).resolve().parent.parent
 PASSWORD = "tls-Pa55word"

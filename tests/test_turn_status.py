@@ -11,7 +11,7 @@ from app.memory.state import ThreadState
 from app.memory.status import TurnStatus, writes_memory
 from app.observability.inspector import NOTE_FOLDED, NOTE_NOT_KEPT, resolve_prompt
 from app.store.keys import ThreadKeys
-from tests.fake_llm import Reply
+from chat_support.fake_llm import Reply
 from tests.fixtures.memory_data import text_record
 
 TABLE = [  # status, writes memory, done status

@@ -20,9 +20,9 @@ import websocket
 
 from app.settings import QUOTA_DEFAULTS, Settings
 from app.store.keys import ThreadKeys
-from tests.fake_llm import Reply
-from tests.fixtures.live_app import ChatClient
-from tests.polling import wait_until
+from chat_support.fake_llm import Reply
+from chat_support.live_app import ChatClient
+from chat_support.polling import wait_until
 
 
 @pytest.mark.parametrize("host, served", [

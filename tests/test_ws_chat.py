@@ -9,8 +9,8 @@ from __future__ import annotations
 import threading
 
 from app.memory.context import PINS_HEADER, SUMMARY_HEADER, format_summary
-from tests.fake_llm import Reply, split_tokens, words
-from tests.fixtures.live_app import ChatClient, answer_text, frame_kinds
+from chat_support.fake_llm import Reply, split_tokens, words
+from chat_support.live_app import ChatClient, answer_text, frame_kinds
 from tests.fixtures.memory_data import text_record
 from tests.fixtures.streamed_chat import seed_memory
 

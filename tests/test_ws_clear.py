@@ -7,8 +7,8 @@ the thread stays empty.
 
 from __future__ import annotations
 
-from tests.fake_llm import Reply, words
-from tests.fixtures.live_app import answer_text
+from chat_support.fake_llm import Reply, words
+from chat_support.live_app import answer_text
 
 
 def test_a_turn_in_flight_when_the_thread_is_cleared_is_not_saved(chat, fake_llm):

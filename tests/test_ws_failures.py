@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from tests.fake_llm import Reply, words
-from tests.fixtures.live_app import ChatClient, answer_text, frame_kinds
+from chat_support.fake_llm import Reply, words
+from chat_support.live_app import ChatClient, answer_text, frame_kinds
 from tests.fixtures.streamed_chat import wait_for
 
 SECRET = "UPSTREAM-SECRET-91c2 Traceback (most recent call last) redis://:pw@10.1.2.3"

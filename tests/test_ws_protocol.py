@@ -11,8 +11,8 @@ import json
 import pytest
 import websocket
 
-from tests.fake_llm import Reply
-from tests.fixtures.live_app import ChatClient, answer_text, frame_kinds
+from chat_support.fake_llm import Reply
+from chat_support.live_app import ChatClient, answer_text, frame_kinds
 
 BAD_FRAMES = [
     ("not json", "invalid_json"),

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from tests.fake_llm import Reply, split_tokens, words
-from tests.fixtures.live_app import ChatClient, answer_text, frame_kinds
+from chat_support.fake_llm import Reply, split_tokens, words
+from chat_support.live_app import ChatClient, answer_text, frame_kinds
 
 INTERVAL = 0.1  # seconds: long, so that coalescing is visible even on a fast machine
 

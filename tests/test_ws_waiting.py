@@ -7,8 +7,8 @@ before its first delta.  With a hosted provider (many requests at once) no such 
 
 from __future__ import annotations
 
-from tests.fake_llm import Reply, split_tokens
-from tests.fixtures.live_app import ChatClient, answer_text, frame_kinds
+from chat_support.fake_llm import Reply, split_tokens
+from chat_support.live_app import ChatClient, answer_text, frame_kinds
 
 SLOW = "This answer takes its time, one piece after another, until it ends."
 

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.polling import wait_until
+from chat_support.polling import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 

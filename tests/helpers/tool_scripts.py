@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from app.runtime.run_store import RunStore
 from app.store.keys import ThreadKeys
-from tests.fake_llm import Reply
-from tests.fixtures.live_app import ChatClient
+from chat_support.fake_llm import Reply
+from chat_support.live_app import ChatClient
 
 
 def texts(client: ChatClient) -> list[tuple[str, str]]:

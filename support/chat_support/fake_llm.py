@@ -1,9 +1,39 @@
-"""A fake OpenAI-compatible chat-completions server, for tests and benchmarks.
+"""The fake OpenAI-compatible model server that the tests and the benchmarks share.
 
 It speaks the real wire protocol over real HTTP/1.1 on loopback, so the real
 ``openai`` SDK (which has its own HTTP stack) can be pointed at it with
 ``OPENAI_BASE_URL=http://127.0.0.1:<port>/v1``. Only the standard library is
-used, so it also runs as a standalone process.
+used, so it also runs as a standalone process (``python -m chat_support.fake_llm``,
+:class:`FakeLLMProcess`, or :mod:`chat_support.llama_standin` in place of llama.cpp).
+
+Modes
+-----
+echo
+    ``Reply(echo=True)`` (``--echo``): the answer is the last user message.
+cut stream
+    ``Reply(drop_after=N)``: the stream stops mid-answer (connection closed);
+    ``framing="close"`` makes the body end at the close (HTTP/1.0 style), ``done=False``
+    leaves out ``[DONE]``; :class:`CutPlan` (``--cut-plan``) plans it from the message
+    (``[cut N]``, ``[hang N]``, ``[nodone N]``).
+slow
+    ``first_token_delay`` / ``token_delay`` (seconds; ``--token-delay``), paced by one
+    scheduler thread; ``stall`` / ``stall_after`` hang.
+recording
+    every request is kept (:attr:`FakeLLM.requests`, with what was answered); with
+    ``upstream=`` (``--upstream``) requests are forwarded to a real server and its answers
+    recorded; :meth:`FakeLLM.recording` / ``save_recording`` (``--record FILE``).
+replay
+    :class:`Replay` (``--replay FILE``) answers from a recorded list, in order or by messages.
+structured answers
+    scripted replies per request: rules, ``enqueue``, :meth:`FakeLLM.answer_structured`
+    (``--structured FILE``) for JSON compaction answers, or a callable of the request; a
+    structured request without one gets a minimal instance of its JSON schema.
+failures
+    HTTP statuses (429 with ``Retry-After``), SSE error events, ``reject_json_schema``,
+    ``crash="SIGILL"`` (the process kills itself), rules per path (e.g. ``/v1/models``).
+llama.cpp
+    ``GET /health``, ``POST /v1/completions``, ``require_model=False``, and with
+    ``slot_dir=`` its one slot and ``POST /slots/<id>?action=save|restore|erase``.
 
 Endpoints
 ---------
@@ -17,7 +47,9 @@ Endpoints
     llama.cpp-style ``schema``) and ``json_schema`` is accepted;
     ``FakeLLM(reject_json_schema=True)`` makes ``json_schema`` fail with HTTP 500
     the way llama-cpp-python's server does (or pass a status code, e.g. 400).
-``GET /v1/models``, ``GET /v1/models/<id>``
+``GET /v1/models``, ``GET /v1/models/<id>``, ``GET /health``
+``POST /v1/completions`` (one ``text_completion`` JSON; llama.cpp's start check)
+``POST /slots/<id>?action=save|restore|erase`` (with ``slot_dir``)
 ``POST /_control/script``, ``GET /_control/requests``, ``POST /_control/reset``
     Control plane for a fake running in another process (see ``FakeLLM.apply_script``
     for the JSON shape). Control requests are not recorded.
@@ -56,7 +88,7 @@ In-process use::
 
 Standalone (benchmarks)::
 
-    python -m tests.fake_llm --port 0 --tokens 100 --token-delay 0.01 --first-token-delay 0.05
+    python -m chat_support.fake_llm --port 0 --tokens 100 --token-delay 0.01 --first-token-delay 0.05
     # prints "READY http://127.0.0.1:PORT/v1" on stdout and serves until killed
 
 or :class:`FakeLLMProcess` which starts that and drives its control endpoints.
@@ -66,6 +98,7 @@ from __future__ import annotations
 
 import argparse
 import heapq
+import http.client
 import json
 import re
 import select
@@ -81,15 +114,20 @@ import uuid
 from dataclasses import asdict, dataclass, field, fields
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Iterable, Optional, Union
+from urllib.parse import parse_qs, urlsplit
 
 __all__ = [
     "DEFAULT_TEXT",
+    "CutPlan",
     "FakeLLM",
     "FakeLLMProcess",
     "RecordedRequest",
+    "Replay",
     "Reply",
     "Rule",
+    "answer_of",
+    "plan_pieces",
     "split_tokens",
     "words",
 ]
@@ -141,6 +179,11 @@ class Reply:
     tokens. A non-streaming answer is sent whole after
     ``delay + first_token_delay + (n-1) * token_delay``.
 
+    Framing (streams): ``framing="chunked"`` (HTTP/1.1 chunked transfer encoding, the default) or ``"close"``
+    (no length and no chunks: the body ends when the server closes the connection, as with HTTP/1.0 and many
+    proxies; the connection is closed after the answer). ``done=False`` leaves out the final ``data: [DONE]``
+    (the finish chunk is still sent).
+
     Failures:
       * ``status`` >= 400: an OpenAI-style ``{"error": {message, type, param,
         code}}`` body (``error_message`` / ``error_type`` / ``error_code``
@@ -156,6 +199,9 @@ class Reply:
       * ``stream_error_after=N``: send N tokens, then an SSE
         ``data: {"error": {...}}`` event and end the stream (the SDK raises
         ``APIError``).
+      * ``crash="SIGILL"`` (any signal name): the serving process kills itself with that signal at this
+        request, before answering anything, as a model server whose build the CPU cannot run does. Only
+        for a fake in a process of its own (:mod:`chat_support.llama_standin`).
 
     ``usage``: ``"auto"`` (rough count: prompt ~ chars/4 + 4 per message,
     completion = number of streamed pieces), ``None`` (no usage at all), a
@@ -188,6 +234,9 @@ class Reply:
     finish_reason: Optional[str] = None
     model: Optional[str] = None
     headers: dict = field(default_factory=dict)
+    framing: str = "chunked"
+    done: bool = True
+    crash: Optional[str] = None
 
     @classmethod
     def from_dict(cls, data: dict) -> "Reply":
@@ -230,6 +279,10 @@ def _is_structured(body: dict) -> bool:
 class Rule:
     """One entry of the rule list: ``reply`` answers requests matching every given criterion.
 
+    ``path``: the request's path without the query (e.g. ``"/v1/models"``, ``"/v1/completions"``): such a
+    rule answers any request to that path (any method) before its body is checked, so it can fail or crash
+    the models endpoint or a malformed request too; a rule without ``path`` answers completion requests
+    (``/v1/chat/completions``, ``/v1/completions``) that passed the checks.
     ``stream``: match ``body["stream"]`` truthiness; ``model``: exact model name;
     ``structured``: request has ``response_format`` json_object/json_schema (or
     not); ``when``: predicate ``f(body: dict) -> bool``; ``times``: use at most
@@ -243,8 +296,12 @@ class Rule:
     when: Optional[Callable[[dict], bool]] = None
     times: Optional[int] = None
     name: Optional[str] = None
+    path: Optional[str] = None
 
-    def matches(self, body: dict) -> bool:
+    def matches(self, body: dict, path: Optional[str] = None) -> bool:
+        if self.path != path:
+            return False
+        body = body if isinstance(body, dict) else {}
         if self.stream is not None and bool(body.get("stream")) != self.stream:
             return False
         if self.model is not None and body.get("model") != self.model:
@@ -276,7 +333,13 @@ class RecordedRequest:
     closed the connection before the end, e.g. ``stream.close()`` or a client
     timeout), ``"dropped"`` (``drop_after``), ``"stall_expired"``,
     ``"server_stopped"``; ``rule`` is the matching rule's name (or its
-    ``"rule#<n>"``) or ``"default"``.
+    ``"rule#<n>"``) or ``"default"`` (``"upstream"`` when forwarded).
+
+    ``answer``: the content text of the answer (what was scripted, or what the upstream server sent back in
+    forwarding mode: the joined ``delta.content`` of a stream or ``message.content`` / ``text`` of a JSON
+    answer), ``None`` for errors and non-chat requests; ``usage``: the answer's usage dict when it had one
+    (forwarding mode). ``started`` / ``ended``: ``time.monotonic()`` seconds of ``time`` / ``end_time``, to
+    compare with a caller's own monotonic clock.
     """
 
     method: str
@@ -289,6 +352,10 @@ class RecordedRequest:
     tokens_sent: int = 0
     outcome: Optional[str] = None
     rule: Optional[str] = None
+    answer: Optional[str] = None
+    usage: Optional[dict] = None
+    started: float = field(default_factory=time.monotonic)
+    ended: Optional[float] = None
     _done: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
 
     # -- convenience views of the body
@@ -314,7 +381,8 @@ class RecordedRequest:
 
     @property
     def is_chat(self) -> bool:
-        return self.method == "POST" and self.path.split("?")[0].rstrip("/").endswith("/chat/completions")
+        """A completion request: ``POST .../chat/completions`` (or llama.cpp's ``POST /v1/completions``)."""
+        return self.method == "POST" and self.path.split("?")[0].rstrip("/").endswith("/completions")
 
     @property
     def kind(self) -> str:
@@ -346,7 +414,7 @@ class RecordedRequest:
         if status is not None:
             self.status = status
         self.outcome = outcome
-        self.end_time = time.time()
+        self.end_time, self.ended = time.time(), time.monotonic()
         self._done.set()
 
     def to_dict(self) -> dict:
@@ -362,6 +430,8 @@ class RecordedRequest:
             "outcome": self.outcome,
             "rule": self.rule,
             "kind": self.kind,
+            "answer": self.answer,
+            "usage": self.usage,
         }
 
 
@@ -504,6 +574,37 @@ def _http_chunk(data: bytes) -> bytes:
 
 
 _LAST_CHUNK = b"0\r\n\r\n"
+_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "proxy-connection", "te",
+        "trailer", "upgrade"}
+
+
+def answer_of(raw: bytes) -> tuple[str, Optional[dict]]:
+    """``(content text, usage or None)`` of a raw chat answer: the joined ``delta.content`` of an SSE stream
+    (its last ``usage``), or the ``message.content`` (``text`` for ``/v1/completions``) of a JSON body."""
+    text = raw.decode("utf-8", errors="replace")
+    usage = None
+    if not text.lstrip().startswith("data:"):
+        try:
+            body = json.loads(text)
+        except ValueError:
+            return "", None
+        if not isinstance(body, dict):
+            return "", None
+        parts = [(c.get("message") or {}).get("content") or c.get("text") or "" for c in body.get("choices") or []]
+        return "".join(parts), body.get("usage")
+    parts = []
+    for line in text.splitlines():
+        data = line[5:].strip() if line.startswith("data:") else ""
+        if data in ("", "[DONE]"):
+            continue
+        try:
+            event = json.loads(data)
+        except ValueError:
+            continue
+        usage = event.get("usage") or usage
+        for choice in event.get("choices") or []:
+            parts.append((choice.get("delta") or {}).get("content") or choice.get("text") or "")
+    return "".join(parts), usage
 _POLL_MASK = select.POLLIN | select.POLLPRI | select.POLLERR | select.POLLHUP | getattr(select, "POLLRDHUP", 0)
 _POLL_MASK_NO_IN = select.POLLERR | select.POLLHUP | getattr(select, "POLLRDHUP", 0)
 
@@ -798,7 +899,7 @@ class _Handler(BaseHTTPRequestHandler):
         )
         fake._record(rec)
         try:
-            self._serve_v1(method, path, body, bad_json, rec)
+            self._serve_v1(method, path, body, bad_json, rec, raw)
         except _ClientGone:
             self.close_connection = True
             rec._finish("server_stopped" if fake._stopping.is_set() else "aborted")
@@ -823,10 +924,23 @@ class _Handler(BaseHTTPRequestHandler):
         rec._finish("error", status)
 
     # -- /v1
-    def _serve_v1(self, method: str, path: str, body: Any, bad_json: bool, rec: RecordedRequest) -> None:
+    def _serve_v1(self, method: str, path: str, body: Any, bad_json: bool, rec: RecordedRequest,
+                  raw: bytes = b"") -> None:
         fake = self.server.fake
+        if fake.upstream:
+            return self._forward(method, raw, rec)
         if fake.api_key is not None and self.headers.get("Authorization") != f"Bearer {fake.api_key}":
             return self._error(rec, 401)
+        chosen = fake._choose(body, path=path)
+        if chosen is not None:  # a rule for this path answers before anything is checked
+            reply, rec.rule = chosen
+            if reply.crash:
+                _crash(reply.crash)
+            if reply.status >= 400 or method != "POST":
+                return self._answer_status(rec, reply, {"object": "list", "data": []})
+            return self._answer_chat(body if isinstance(body, dict) else {}, reply, rec)
+        if method == "GET" and path == "/health":  # llama.cpp's server
+            return self._ok_json(rec, {"status": "ok"})
         if method == "GET" and path == "/v1/models":
             return self._ok_json(rec, {"object": "list", "data": [fake._model_obj(m) for m in fake.models]})
         if method == "GET" and path.startswith("/v1/models/"):
@@ -834,11 +948,14 @@ class _Handler(BaseHTTPRequestHandler):
             if mid in fake.models:
                 return self._ok_json(rec, fake._model_obj(mid))
             return self._error(rec, 404, f"The model '{mid}' does not exist", code="model_not_found")
-        if not (method == "POST" and path == "/v1/chat/completions"):
+        if method == "POST" and path.startswith("/slots/") and fake.slot_dir is not None:
+            return self._slot_action(path, body, rec)
+        if not (method == "POST" and path in ("/v1/chat/completions", "/v1/completions")):
             return self._error(rec, 404, f"Unknown request URL: {method} {self.path}", code="unknown_url")
         if bad_json or not isinstance(body, dict):
             return self._error(rec, 400, "We could not parse the JSON body of your request.")
-        problem = _validate_chat(body)
+        problem = (_validate_chat(body, fake.require_model) if path == "/v1/chat/completions"
+                   else _validate_text_completion(body, fake.require_model))
         if problem:
             return self._error(rec, 400, problem)
         rf = body.get("response_format")
@@ -849,8 +966,84 @@ class _Handler(BaseHTTPRequestHandler):
                 'response_format type must be one of "text" or "json_object", but got: json_schema',
                 "server_error" if status >= 500 else "invalid_request_error",
             )
-        reply, rec.rule = fake._choose(body)
+        reply, rec.rule = fake._choose(body)  # type: ignore[misc]
+        if fake.slot_dir is not None and path == "/v1/chat/completions":
+            # llama.cpp's one slot: it holds the last request's messages and its answer
+            pieces = _content_pieces(reply, body)
+            with fake._slot_lock:
+                before = list(fake.slot)
+                fake.slot = [_text_of(m.get("content")) for m in body["messages"]] + ["".join(pieces)]
+            return self._answer_chat(body, reply, rec, pieces, {"slot_before": before})
         self._answer_chat(body, reply, rec)
+
+    def _answer_status(self, rec: RecordedRequest, reply: Reply, ok_body: Any) -> None:
+        """A path rule's answer to a request that is not a completion: its error, or ``ok_body`` with its status."""
+        if reply.delay:
+            self._sleep_until(time.monotonic() + reply.delay)
+        if reply.status >= 400:
+            return self._error(rec, reply.status, reply.error_message, reply.error_type, reply.error_code,
+                               dict(reply.headers))
+        rec.status, rec.outcome = reply.status, "completed"
+        self._send_json(reply.status, reply.json if reply.json is not None else ok_body, dict(reply.headers))
+        rec._finish("completed", reply.status)
+
+    # -- llama.cpp's slots (``FakeLLM(slot_dir=...)``)
+    def _slot_action(self, path: str, body: Any, rec: RecordedRequest) -> None:
+        """``POST /slots/<id>?action=save|restore|erase`` with ``{"filename"}``: write the slot's texts as JSON
+        into ``slot_dir/filename``, read them back (404 when the file is missing), or empty the slot."""
+        fake = self.server.fake
+        query = parse_qs(urlsplit(self.path).query)
+        action = (query.get("action") or [""])[0]
+        filename = (body or {}).get("filename", "") if isinstance(body, dict) else ""
+        if action not in ("save", "restore", "erase") or (action != "erase" and (not filename or "/" in filename)):
+            return self._error(rec, 400, f"bad slot action {action!r} or filename {filename!r}")
+        target = Path(fake.slot_dir) / filename
+        with fake._slot_lock:
+            if action == "save":
+                target.write_text(json.dumps(fake.slot))
+            elif action == "restore":
+                if not target.is_file():
+                    return self._error(rec, 404, "no file")
+                fake.slot = json.loads(target.read_text())
+            else:
+                fake.slot = []
+        slot_id = int(path.rsplit("/", 1)[1]) if path.rsplit("/", 1)[1].isdigit() else 0
+        self._ok_json(rec, {"id_slot": slot_id, "filename": filename})
+
+    # -- forwarding mode (``FakeLLM(upstream=...)``)
+    def _forward(self, method: str, raw: bytes, rec: RecordedRequest) -> None:
+        """Send the request to the upstream server and its answer back as it comes (chunked), recording the
+        answer's status, content text and usage."""
+        fake = self.server.fake
+        up = urlsplit(fake.upstream or "")
+        conn = http.client.HTTPConnection(up.hostname or "127.0.0.1", up.port or 80, timeout=fake.upstream_timeout)
+        rec.rule = "upstream"
+        try:
+            headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
+            try:
+                conn.request(method, self.path, body=raw or None, headers=headers)
+                resp = conn.getresponse()
+            except (OSError, http.client.HTTPException):
+                return self._error(rec, 502, "The upstream model server is not reachable.")
+            rec.status = resp.status
+            out = {k: v for k, v in resp.getheaders() if k.lower() not in _HOP}
+            out["Transfer-Encoding"] = "chunked"
+            self._send_headers(resp.status, out)
+            received = []
+            try:
+                while chunk := resp.read1(65536):
+                    received.append(chunk)
+                    self._write(_http_chunk(chunk))
+            except (OSError, http.client.HTTPException):  # the upstream broke off: so does this answer
+                self._hard_close()
+                return rec._finish("dropped", resp.status)
+            self._write(_LAST_CHUNK)
+        finally:
+            conn.close()
+        if rec.is_chat and resp.status < 400:
+            rec.answer, rec.usage = answer_of(b"".join(received))
+        rec.tokens_sent = len(received)
+        rec._finish("completed" if resp.status < 400 else "error", resp.status)
 
     def _ok_json(self, rec: RecordedRequest, obj: Any) -> None:
         rec.status, rec.outcome = 200, "completed"
@@ -858,8 +1051,13 @@ class _Handler(BaseHTTPRequestHandler):
         rec._finish("completed", 200)
 
     # -- chat completions
-    def _answer_chat(self, body: dict, reply: Reply, rec: RecordedRequest) -> None:
+    def _answer_chat(self, body: dict, reply: Reply, rec: RecordedRequest, pieces: Optional[list[str]] = None,
+                     extra: Optional[dict] = None) -> None:
+        """Answer a completion request with ``reply``; ``pieces``: its content (else from the reply), ``extra``:
+        fields added to the JSON answer or to the stream's finish chunk (e.g. ``slot_before``)."""
         fake = self.server.fake
+        if reply.crash:
+            _crash(reply.crash)
         t0 = time.monotonic()
         if reply.delay:
             self._sleep_until(t0 + reply.delay)
@@ -873,8 +1071,11 @@ class _Handler(BaseHTTPRequestHandler):
             return self._error(rec, reply.status, reply.error_message, reply.error_type, reply.error_code, extra)
 
         model = reply.model or body.get("model") or "fake-model"
-        pieces = _content_pieces(reply, body)
+        pieces = _content_pieces(reply, body) if pieces is None else pieces
         tool_calls = _normalise_tool_calls(reply.tool_calls) if reply.tool_calls else []
+        rec.answer = "".join(pieces)
+        if rec.path.split("?")[0].rstrip("/") == "/v1/completions":
+            return self._answer_text_completion(body, reply, rec, t0, model, pieces, finish_reason=reply.finish_reason)
         finish = reply.finish_reason or ("tool_calls" if tool_calls else "stop")
         cid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
         created = int(time.time())
@@ -882,7 +1083,8 @@ class _Handler(BaseHTTPRequestHandler):
         stall_max = reply.stall_max if reply.stall_max is not None else fake.stall_max
 
         if body.get("stream"):
-            return self._stream(body, reply, rec, t0, model, pieces, tool_calls, finish, cid, created, stall_at, stall_max)
+            return self._stream(body, reply, rec, t0, model, pieces, tool_calls, finish, cid, created, stall_at,
+                                stall_max, extra)
 
         n_pieces = len(pieces) + sum(1 + len(split_tokens(tc["function"]["arguments"])) for tc in tool_calls)
         message: dict = {"role": "assistant", "content": "".join(pieces) if (pieces or not tool_calls) else None, "refusal": None}
@@ -899,6 +1101,7 @@ class _Handler(BaseHTTPRequestHandler):
         usage = _usage_dict(reply.usage, body, n_pieces)
         if usage is not None:
             obj["usage"] = usage
+        obj.update(extra or {})
         payload = json.dumps(obj, ensure_ascii=False).encode()
         headers = {"Content-Type": "application/json", "Content-Length": len(payload), "x-request-id": cid}
         headers.update(reply.headers)
@@ -919,9 +1122,23 @@ class _Handler(BaseHTTPRequestHandler):
         self._write(payload)
         rec._finish("completed", 200)
 
+    def _answer_text_completion(self, body: dict, reply: Reply, rec: RecordedRequest, t0: float, model: str,
+                                pieces: list[str], finish_reason: Optional[str]) -> None:
+        """``POST /v1/completions`` (llama.cpp's start check asks for one token): one ``text_completion`` JSON."""
+        gen_time = reply.first_token_delay + max(len(pieces) - 1, 0) * reply.token_delay
+        if gen_time > 0:
+            self._sleep_until(t0 + gen_time)
+        obj: dict = {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion", "created": int(time.time()),
+                     "model": model, "choices": [{"index": 0, "text": "".join(pieces), "logprobs": None,
+                                                  "finish_reason": finish_reason or "stop"}]}
+        usage = _usage_dict(reply.usage, {"messages": [{"content": body.get("prompt") or ""}]}, len(pieces))
+        if usage is not None:
+            obj["usage"] = usage
+        self._ok_json(rec, obj)
+
     def _stream(self, body: dict, reply: Reply, rec: RecordedRequest, t0: float, model: str, pieces: list[str],
                 tool_calls: list[dict], finish: str, cid: str, created: int, stall_at: Optional[int],
-                stall_max: float) -> None:
+                stall_max: float, extra: Optional[dict] = None) -> None:
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
 
         def chunk_json(delta: dict, finish_reason: Optional[str] = None) -> str:
@@ -937,34 +1154,41 @@ class _Handler(BaseHTTPRequestHandler):
                 obj["usage"] = None
             return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
+        chunked = reply.framing != "close"
+        frame = _http_chunk if chunked else (lambda data: data)
+
         def chunk(delta: dict, finish_reason: Optional[str] = None) -> bytes:
-            return _http_chunk(_sse(chunk_json(delta, finish_reason)))
+            return frame(_sse(chunk_json(delta, finish_reason)))
 
         # Pre-render every event so the per-token loop is just wait + write. Content chunks (the bulk)
         # come from a template: the same bytes as chunk({"content": p}), ~10x cheaper.
         role = chunk({"role": "assistant", "content": "" if pieces or not tool_calls else None, "refusal": None})
         pre, post = chunk_json({"content": "\0"}).split('"\\u0000"')
-        events = [_http_chunk(f"data: {pre}{json.dumps(p, ensure_ascii=False)}{post}\n\n".encode()) for p in pieces]
+        events = [frame(f"data: {pre}{json.dumps(p, ensure_ascii=False)}{post}\n\n".encode()) for p in pieces]
         for i, tc in enumerate(tool_calls):
             events.append(chunk({"tool_calls": [{"index": i, "id": tc["id"], "type": "function",
                                                  "function": {"name": tc["function"]["name"], "arguments": ""}}]}))
             for part in split_tokens(tc["function"]["arguments"]):
                 events.append(chunk({"tool_calls": [{"index": i, "function": {"arguments": part}}]}))
-        tail = chunk({}, finish)
+        tail = chunk({}, finish) if not extra else frame(_sse({**json.loads(chunk_json({}, finish)), **extra}))
         if include_usage:
             usage = _usage_dict(reply.usage, body, len(events))
             if usage is not None:
-                tail += _http_chunk(_sse({"id": cid, "object": "chat.completion.chunk", "created": created,
+                tail += frame(_sse({"id": cid, "object": "chat.completion.chunk", "created": created,
                                           "model": model, "system_fingerprint": "fp_fake", "choices": [],
                                           "usage": usage}))
-        tail += _http_chunk(_sse("[DONE]")) + _LAST_CHUNK
+        tail += (frame(_sse("[DONE]")) if reply.done else b"") + (_LAST_CHUNK if chunked else b"")
 
         headers = {
             "Content-Type": "text/event-stream; charset=utf-8",
             "Cache-Control": "no-cache",
-            "Transfer-Encoding": "chunked",
             "x-request-id": cid,
         }
+        if chunked:
+            headers["Transfer-Encoding"] = "chunked"
+        else:  # the body ends when the connection closes
+            headers["Connection"] = "close"
+            self.close_connection = True
         headers.update(reply.headers)
         self._send_headers(200, headers)
         rec.status = 200
@@ -1016,7 +1240,7 @@ class _Handler(BaseHTTPRequestHandler):
             err = _error_body(500, reply.error_message or "The server had an error while processing your request.",
                               reply.error_type, reply.error_code)
             rec.outcome = "error"
-            self._write(_http_chunk(_sse(err)) + _LAST_CHUNK)
+            self._write(frame(_sse(err)) + (_LAST_CHUNK if chunked else b""))
             rec._finish("error")
 
     def _stall(self, rec: RecordedRequest, stall_max: float) -> None:
@@ -1049,8 +1273,25 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
 
 
-def _validate_chat(body: dict) -> Optional[str]:
-    if not body.get("model"):
+def _validate_text_completion(body: dict, require_model: bool = True) -> Optional[str]:
+    if require_model and not body.get("model"):
+        return "you must provide a model parameter"
+    if not isinstance(body.get("prompt"), (str, list)):
+        return "Invalid 'prompt': must be a string or an array."
+    return None
+
+
+def _crash(name: str) -> None:
+    """Kill this process with signal ``name`` (e.g. ``"SIGILL"``), delivered to the calling thread as a faulting
+    instruction would be: it dies before writing anything more (``os.kill`` would let it run on)."""
+    sig = getattr(signal, name)
+    signal.pthread_kill(threading.get_ident(), sig)
+    time.sleep(5)  # not reached when the signal's action is the default one
+    raise RuntimeError(f"{name} did not end the process (its signal has a handler)")
+
+
+def _validate_chat(body: dict, require_model: bool = True) -> Optional[str]:
+    if require_model and not body.get("model"):
         return "you must provide a model parameter"
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
@@ -1117,6 +1358,14 @@ class FakeLLM:
       (llama-cpp-python style); an int picks the status (e.g. 400). ``json_object`` still works.
     * ``api_key``: when set, requests without ``Authorization: Bearer <api_key>`` get 401.
     * ``stall_max``: seconds a stalled response waits before the server closes it.
+    * ``require_model``: False accepts completion requests without ``model``, as llama.cpp's server does.
+    * ``slot_dir``: a folder: the server keeps llama.cpp's one slot (the texts of the last chat request's
+      messages and its answer; each chat answer carries ``slot_before``, what the slot held when the request
+      came) and serves ``POST /slots/<id>?action=save|restore|erase`` with ``{"filename"}`` into that folder,
+      as llama.cpp does with ``--slot-save-path``.
+    * ``upstream``: ``http://HOST:PORT`` of a real server: every request (but ``/_control``) is forwarded there
+      and its answer streamed back as it comes, and recorded (forwarding mode: the rules are not used). May be
+      changed while serving.
     * ``pacer``: True (default, Linux): one scheduler thread writes the timed tokens of all streams
       (cheap with hundreds of concurrent streams); False, or without ``select.epoll``: each handler
       thread sleeps per token itself. Behaviour is the same.
@@ -1137,6 +1386,10 @@ class FakeLLM:
         stall_max: float = 30.0,
         verbose: bool = False,
         pacer: bool = True,
+        require_model: bool = True,
+        slot_dir: Union[str, Path, None] = None,
+        upstream: Optional[str] = None,
+        upstream_timeout: float = 900.0,
     ) -> None:
         self._initial_default: ReplySource = default if default is not None else Reply()
         self._initial_rules = list(rules)
@@ -1148,6 +1401,12 @@ class FakeLLM:
         self.api_key = api_key
         self.stall_max = stall_max
         self.verbose = verbose
+        self.require_model = require_model
+        self.slot_dir = Path(slot_dir) if slot_dir is not None else None
+        self.slot: list[str] = []
+        self._slot_lock = threading.Lock()
+        self.upstream = upstream.rstrip("/") if upstream else None
+        self.upstream_timeout = upstream_timeout
         self.use_pacer = pacer and hasattr(select, "epoll")
         self._pacer: Optional[_Pacer] = None
         self._lock = threading.RLock()
@@ -1170,6 +1429,13 @@ class FakeLLM:
     def url(self) -> str:
         """``http://HOST:PORT/v1``: the ``base_url`` / ``OPENAI_BASE_URL`` for the SDK."""
         return self.base_url + "/v1"
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """``(HOST, PORT)`` it listens on."""
+        if self._server is None:
+            raise RuntimeError("FakeLLM is not started")
+        return self.host, self.port
 
     def start(self) -> "FakeLLM":
         if self._server is not None:
@@ -1221,9 +1487,11 @@ class FakeLLM:
         when: Optional[Callable[[dict], bool]] = None,
         times: Optional[int] = None,
         name: Optional[str] = None,
+        path: Optional[str] = None,
     ) -> Rule:
         """Append a rule (checked in insertion order, first match wins). See :class:`Rule`."""
-        rule = Rule(reply, stream=stream, model=model, structured=structured, when=when, times=times, name=name)
+        rule = Rule(reply, stream=stream, model=model, structured=structured, when=when, times=times, name=name,
+                    path=path)
         with self._lock:
             self.rules.append(rule)
         return rule
@@ -1231,10 +1499,16 @@ class FakeLLM:
     def enqueue(self, *replies: ReplySource, **match: Any) -> None:
         """Queue one-shot replies: the next matching requests get them in order (``times=1`` rules).
 
-        ``match`` takes the criteria of :meth:`add_rule` (``stream``, ``model``, ``structured``, ``when``).
+        ``match`` takes the criteria of :meth:`add_rule` (``stream``, ``model``, ``structured``, ``when``, ``path``).
         """
         for r in replies:
             self.add_rule(r, times=1, **match)
+
+    def answer_structured(self, *answers: Any) -> None:
+        """Structured answers, scripted per request: the next structured requests (``response_format``
+        json_object/json_schema, e.g. compaction calls) get ``answers`` in order, each a JSON value sent as the
+        message content (or a :class:`Reply`); other requests are not affected."""
+        self.enqueue(*[a if isinstance(a, Reply) else Reply(json=a) for a in answers], structured=True)
 
     def clear_rules(self) -> None:
         with self._lock:
@@ -1264,24 +1538,31 @@ class FakeLLM:
             return "default"
         match = dict(match or {})
         contains = match.pop("contains", None)
-        unknown = set(match) - {"stream", "model", "structured"}
+        unknown = set(match) - {"stream", "model", "structured", "path"}
         if unknown:
             raise ValueError(f"unknown match keys: {sorted(unknown)}")
         when = (lambda b, s=contains: s in _last_user_text(b)) if contains is not None else None
         self.add_rule(reply, when=when, times=times, name=name, **match)
         return "rule"
 
-    def _choose(self, body: dict) -> tuple[Reply, str]:
+    def _choose(self, body: Any, path: Optional[str] = None) -> Optional[tuple[Reply, str]]:
+        """The reply for a request and its label. ``path`` set: only rules for that path are checked, and None
+        means none matched; else the rules without a path, then the default."""
         with self._lock:
             source, label = self.default, "default"
+            if path is not None and not any(rule.path == path for rule in self.rules):
+                return None
             for i, rule in enumerate(self.rules):
-                if rule.matches(body):
+                if rule.matches(body, path):
                     source, label = rule.reply, rule.name or f"rule#{i}"
                     if rule.times is not None:
                         rule.times -= 1
                         if rule.times <= 0:
                             self.rules.remove(rule)
                     break
+            else:
+                if path is not None:
+                    return None
         if not isinstance(source, Reply) and callable(source):
             return _coerce_reply(source(body)), label
         return _coerce_reply(source), label
@@ -1345,6 +1626,18 @@ class FakeLLM:
             raise ValueError(f"unknown kind {kind!r}")
         return [r for r in reqs if r.kind == kind]
 
+    def recording(self) -> list[dict]:
+        """The chat exchanges so far, oldest first, as :class:`Replay` takes them: ``{"request": body,
+        "status": int, "answer": str | None}`` for each finished completion request."""
+        return [{"request": r.body, "status": r.status, "answer": r.answer}
+                for r in self.chat_requests() if r.finished]
+
+    def save_recording(self, path: Union[str, Path]) -> int:
+        """Write :meth:`recording` to ``path`` as JSON; returns how many exchanges."""
+        exchanges = self.recording()
+        Path(path).write_text(json.dumps(exchanges, ensure_ascii=False, indent=1))
+        return len(exchanges)
+
     def clear_requests(self) -> None:
         with self._lock:
             self._log.clear()
@@ -1361,23 +1654,109 @@ class FakeLLM:
         return {"id": mid, "object": "model", "created": 1700000000, "owned_by": "fake-llm"}
 
 
+# --------------------------------------------------------------------------- modes
+
+
+PLAN = re.compile(r"\[(cut|hang|nodone) (\d+)\]")
+
+
+def plan_pieces(count: int) -> list[str]:
+    """The cut plan's answer: ``"Echo:"``, ``" t1"``, ``" t2"``, ... (``count`` pieces in all)."""
+    return ["Echo:"] + [f" t{n}" for n in range(1, count)]
+
+
+class CutPlan:
+    """Cut streams, planned by the request: a reply callable whose streams end the way the last user message asks.
+
+    The answer is :func:`plan_pieces` (``tokens`` of them, ``token_delay`` seconds apart) with ``framing``
+    (default ``"close"``: the body ends when the connection closes, as with HTTP/1.0 and many proxies):
+
+    - ``[cut N]``: after N pieces the connection is closed: no ``finish_reason``, no ``data: [DONE]``;
+    - ``[hang N]``: after N pieces nothing more is sent until the client or the server goes away (or
+      ``stall_max`` seconds pass);
+    - ``[nodone N]``: N pieces and a ``finish_reason`` of ``stop``, then the end without ``data: [DONE]``;
+    - otherwise: every piece, a ``finish_reason`` of ``stop``, then ``data: [DONE]``.
+    """
+
+    def __init__(self, tokens: int = 40, token_delay: float = 0.01, framing: str = "close") -> None:
+        self.tokens, self.token_delay, self.framing = tokens, token_delay, framing
+
+    def __call__(self, body: dict) -> Reply:
+        pieces = plan_pieces(self.tokens)
+        found = PLAN.search(_last_user_text(body))
+        timing = {"token_delay": self.token_delay, "framing": self.framing, "usage": None}
+        if found is None:
+            return Reply(tokens=pieces, **timing)
+        action, at = found.group(1), int(found.group(2))
+        if action == "cut":
+            return Reply(tokens=pieces, drop_after=at, **timing)
+        if action == "hang":
+            return Reply(tokens=pieces, stall_after=at, **timing)
+        return Reply(tokens=pieces[:at], done=False, **timing)
+
+
+class Replay:
+    """Answers from a recorded list (:meth:`FakeLLM.recording`, or a JSON file of it): a reply callable.
+
+    ``exchanges``: ``[{"request": body, "answer": str, "status": int}]``. ``match="order"``: the n-th request
+    gets the n-th answer; ``match="messages"``: the first unused exchange whose request had the same
+    ``messages``. A recorded status >= 400 is answered with that status. A request without a recorded answer
+    gets HTTP 500 naming why (``missed`` counts them). Thread-safe.
+    """
+
+    def __init__(self, exchanges: Iterable[dict], match: str = "order") -> None:
+        if match not in ("order", "messages"):
+            raise ValueError(f"unknown match {match!r}")
+        self.exchanges = [e for e in exchanges if isinstance(e.get("request"), dict) or match == "order"]
+        self.match = match
+        self.used: list[bool] = [False] * len(self.exchanges)
+        self.missed = 0
+        self._lock = threading.Lock()
+
+    @classmethod
+    def load(cls, path: Union[str, Path], match: str = "order") -> "Replay":
+        """A replay of the JSON list saved by :meth:`FakeLLM.save_recording`."""
+        return cls(json.loads(Path(path).read_text()), match)
+
+    def __call__(self, body: dict) -> Reply:
+        with self._lock:
+            for i, exchange in enumerate(self.exchanges):
+                if self.used[i]:
+                    continue
+                if self.match == "messages" and exchange["request"].get("messages") != body.get("messages"):
+                    continue
+                self.used[i] = True
+                break
+            else:
+                self.missed += 1
+                why = "no recorded answer left" if self.match == "order" else "no recorded answer for these messages"
+                return Reply(status=500, error_message=f"replay: {why} ({len(self.exchanges)} recorded)")
+        status = int(exchange.get("status") or 200)
+        if status >= 400:
+            return Reply(status=status)
+        return Reply(text=exchange.get("answer") or "")
+
+
 # --------------------------------------------------------------------------- subprocess helper
 
 
 class FakeLLMProcess:
-    """Runs ``python -m tests.fake_llm`` as a child process and drives its control endpoints.
+    """Runs ``python -m chat_support.fake_llm`` as a child process and drives its control endpoints.
 
-    ``FakeLLMProcess(tokens=100, token_delay=0.01, first_token_delay=0.05, extra_args=(), startup_timeout=10.0)``
+    ``FakeLLMProcess(tokens=100, token_delay=0.01, first_token_delay=0.05, extra_args=(), startup_timeout=10.0,
+    stderr=None)``: ``extra_args`` are more of the command line's options (e.g. ``["--cut-plan"]``), ``stderr`` a
+    file for the child's stderr (default: inherited).
     ``start()`` waits for the ``READY <url>`` line; ``url`` is then ``http://127.0.0.1:PORT/v1``.
     ``script(**reply_fields_and_match)`` -> ``POST /_control/script``; ``requests()`` -> list of dicts
     (``RecordedRequest.to_dict()``); ``reset(script=True)``; ``stop()`` terminates the child (by pid).
     """
 
     def __init__(self, tokens: int = 100, token_delay: float = 0.0, first_token_delay: float = 0.0,
-                 extra_args: tuple | list = (), startup_timeout: float = 10.0) -> None:
-        self.args = [sys.executable, "-m", "tests.fake_llm", "--port", "0", "--tokens", str(tokens),
+                 extra_args: tuple | list = (), startup_timeout: float = 10.0, stderr: Any = None) -> None:
+        self.args = [sys.executable, "-m", "chat_support.fake_llm", "--port", "0", "--tokens", str(tokens),
                      "--token-delay", str(token_delay), "--first-token-delay", str(first_token_delay), *extra_args]
         self.startup_timeout = startup_timeout
+        self.stderr = stderr
         self.proc: Optional[subprocess.Popen] = None
         self.url = ""
 
@@ -1386,9 +1765,8 @@ class FakeLLMProcess:
         return self.url[: -len("/v1")]
 
     def start(self) -> "FakeLLMProcess":
-        root = Path(__file__).resolve().parent.parent
-        # stderr is inherited (never a pipe nobody drains, which could block the child).
-        self.proc = subprocess.Popen(self.args, cwd=root, stdout=subprocess.PIPE, text=True)
+        # stderr is inherited or a file (never a pipe nobody drains, which could block the child).
+        self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=self.stderr, text=True)
         line: list[str] = []
         reader = threading.Thread(target=lambda: line.append(self.proc.stdout.readline()), daemon=True)  # type: ignore[union-attr]
         reader.start()
@@ -1437,13 +1815,27 @@ class FakeLLMProcess:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tests.fake_llm", description="Fake OpenAI-compatible LLM server.")
+    p = argparse.ArgumentParser(prog="python -m chat_support.fake_llm",
+                                description="Fake OpenAI-compatible LLM server.")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="0 = pick a free port")
     p.add_argument("--tokens", type=int, default=20, help="tokens in the default streamed answer")
     p.add_argument("--text", default=None, help="default answer text (overrides --tokens)")
-    p.add_argument("--token-delay", type=float, default=0.0, help="seconds between tokens")
+    p.add_argument("--echo", action="store_true", help="answer with the last user message (echo mode)")
+    p.add_argument("--cut-plan", action="store_true",
+                   help="answer by the last user message's [cut N] / [hang N] / [nodone N] (CutPlan, --tokens pieces)")
+    p.add_argument("--token-delay", type=float, default=0.0, help="seconds between tokens (slow mode)")
     p.add_argument("--first-token-delay", type=float, default=0.0, help="seconds before the first token")
+    p.add_argument("--structured", type=Path, default=None, metavar="FILE",
+                   help="JSON list of answers given in order to structured requests (then a schema instance)")
+    p.add_argument("--replay", type=Path, default=None, metavar="FILE", help="answer from a saved recording")
+    p.add_argument("--replay-match", choices=("order", "messages"), default="order")
+    p.add_argument("--record", type=Path, default=None, metavar="FILE",
+                   help="write the chat exchanges (FakeLLM.recording) to FILE when stopped")
+    p.add_argument("--upstream", default=None, metavar="URL", help="forward to this server and record (http://HOST:PORT)")
+    p.add_argument("--models", default="fake-chat,fake-compact", help="comma-separated model ids of /v1/models")
+    p.add_argument("--no-model-required", action="store_true", help="accept requests without a model (llama.cpp)")
+    p.add_argument("--slot-dir", type=Path, default=None, help="keep llama.cpp's slot, slot files in this folder")
     p.add_argument("--reject-json-schema", nargs="?", const=500, type=int, default=0, metavar="STATUS",
                    help="answer response_format json_schema with this HTTP status (default 500)")
     p.add_argument("--api-key", default=None)
@@ -1452,11 +1844,26 @@ def main(argv: Optional[list[str]] = None) -> int:
     a = p.parse_args(argv)
 
     timing = {"token_delay": a.token_delay, "first_token_delay": a.first_token_delay}
-    default = Reply(text=a.text, **timing) if a.text is not None else Reply(tokens=words(a.tokens), **timing)
-    # Structured (compaction-style) requests get a JSON instance of their schema by default.
-    rules = [Rule(Reply(first_token_delay=a.first_token_delay), structured=True, name="structured-default")]
-    llm = FakeLLM(default, rules=rules, host=a.host, port=a.port, reject_json_schema=a.reject_json_schema or False,
-                  api_key=a.api_key, stall_max=a.stall_max, verbose=a.verbose)
+    default: ReplySource
+    if a.replay is not None:
+        default = Replay.load(a.replay, a.replay_match)
+    elif a.cut_plan:
+        default = CutPlan(a.tokens, a.token_delay)
+    elif a.echo:
+        default = Reply(echo=True, **timing)
+    elif a.text is not None:
+        default = Reply(text=a.text, **timing)
+    else:
+        default = Reply(tokens=words(a.tokens), **timing)
+    rules = []
+    if a.structured is not None:
+        rules += [Rule(Reply(json=answer, **timing), structured=True, times=1, name=f"structured#{i}")
+                  for i, answer in enumerate(json.loads(a.structured.read_text()))]
+    if a.replay is None:  # structured (compaction-style) requests get a JSON instance of their schema by default
+        rules.append(Rule(Reply(first_token_delay=a.first_token_delay), structured=True, name="structured-default"))
+    llm = FakeLLM(default, rules=rules, host=a.host, port=a.port, models=[m for m in a.models.split(",") if m],
+                  reject_json_schema=a.reject_json_schema or False, api_key=a.api_key, stall_max=a.stall_max,
+                  verbose=a.verbose, require_model=not a.no_model_required, slot_dir=a.slot_dir, upstream=a.upstream)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -1467,6 +1874,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             pass
     finally:
         llm.stop()
+        if a.record is not None:
+            llm.save_recording(a.record)
     return 0
 
 

@@ -14,7 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from chat_support import ROOT
+
 BIN = Path(sys.executable).parent
 SECRET = "s" * 40
 PASSWORD = "hunter2-Pa55"  # must never appear in any output

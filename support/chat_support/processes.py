@@ -16,7 +16,8 @@ from pathlib import Path
 
 from honcho.environ import parse_procfile
 
-from tests.helpers.config_env import ROOT, SECRET, clean_env
+from chat_support import ROOT
+from chat_support.config_env import SECRET, clean_env
 
 PROCFILE = parse_procfile((ROOT / "Procfile").read_text()).processes
 
