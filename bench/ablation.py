@@ -38,7 +38,7 @@ measures' list.
 
 Usage::
 
-    python bench/ablation.py                                # every group; ~60 min on 2 cores
+    python bench/ablation.py                                # every group; ~1.5 min a group on 2 cores
     python bench/ablation.py --quick                        # LoCoMo conversations 1 (dev) and 2 (held-out)
     python bench/ablation.py --groups forms.greeting,correct --out docs/ablation.md
     python bench/ablation.py --measures fidelity,rules      # only these sources
