@@ -162,6 +162,8 @@ def start_server() -> tuple[subprocess.Popen, str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", help="an OpenAI-compatible base URL serving the bundled model (default: start one)")
+    parser.add_argument("--json", type=Path, metavar="PATH",
+                        help="also write the totals as JSON: {cases: {lang: n}, answered: {layout: {lang: n}}}")
     args = parser.parse_args(argv)
     proc = None
     url = args.url
@@ -196,6 +198,12 @@ def main(argv: list[str] | None = None) -> int:
     n = len(CASES)
     print("all: " + ", ".join(f"{label} {sum(v for (_, lab), v in totals.items() if lab == label)}/{n}"
                               for label in ("before", "after", "heading")))
+    if args.json:
+        cases = {lang: sum(1 for c in CASES if c.lang == lang) for lang in ("en", "zh")}
+        answered_by = {label: {lang: totals.get((lang, label), 0) for lang in ("en", "zh")}
+                       for label in ("before", "after", "heading")}
+        args.json.write_text(json.dumps({"model": local_model.MODEL_NAME, "seed": SEED, "cases": cases,
+                                         "answered": answered_by}, indent=2))
     return 0
 
 

@@ -70,6 +70,16 @@ third), with prompt tokens (median, max) and the check that every prompt of the 
 within ``MODEL_CONTEXT_TOKENS - RESERVED_OUTPUT_TOKENS``.  Ratios are against the sliding window of the same
 run.
 
+Session recall
+--------------
+Beside evidence-in-prompt, the metric public memory systems publish: for each question, whether a session
+of its gold evidence (``"D3:5"``: session 3) is among the sessions of the first 5 / 10 turns recall ranks
+for the question as the person's next message (``recall_ranking``: ``ArchiveIndex.scores`` over recall's
+tokens, as ``app.memory.recall`` ranks the archived turns before it leaves out what memory already holds and
+fits its budget; nothing when the product would not recall for that message).  A turn's sessions are those
+of the utterances it holds (``session_recall``).  Reported as ``session recall@5`` / ``@10``: the share of
+questions with a hit.
+
 Answered (``--answered N``)
 ---------------------------
 A fixed sample of N QA items (``random.Random(--seed)`` over all measured items) is asked of the chat model
@@ -127,6 +137,8 @@ CONTEXT_NAMES = {"product": "this project", "record": "this project, recall off 
 NO_REPLY = "(no reply)"
 ANSWER_HINT = " Answer with a short phrase, using the conversation's own words where possible."
 DIA_ID_RE = re.compile(r"D\d+:\d+")
+SESSION_RECALL_KS = (5, 10)
+"""Session recall is reported at these depths (turns of recall's ranking)."""
 TURN_TAG_RE = re.compile(r"\(turn (\d+)\)")
 
 
@@ -359,6 +371,41 @@ def evidence_reaches(prompt: PromptText, dia_id: str, dia_turn: dict[str, int], 
     if any(line in text and enough(line) for line in prompt.lines):
         return "line"
     return None
+
+
+def session_of(dia_id: str) -> int | None:
+    """The session number of a ``dia_id`` (``"D3:5"`` -> 3), or None when it is not one."""
+    match = re.match(r"D(\d+):", dia_id)
+    return int(match.group(1)) if match else None
+
+
+def session_recall(ranked, turn_sessions: dict[int, set[int]], evidence, ks=SESSION_RECALL_KS) -> dict[int, bool]:
+    """For each depth k of ``ks``: whether a session of ``evidence`` is among the sessions of ``ranked[:k]``.
+
+    Args:
+        ranked: turn numbers, best first (``recall_ranking``).
+        turn_sessions: turn number -> the sessions of the utterances it holds.
+        evidence: the question's evidence ids (``"D3:5"``).
+    """
+    gold = {session_of(e) for e in evidence} - {None}
+    return {k: bool(gold & {s for n in ranked[:k] for s in turn_sessions.get(n, ())}) for k in ks}
+
+
+def recall_ranking(services, thread_id: str, text: str) -> list[int]:
+    """The archived turns recall ranks for ``text`` as the person's next message, best first (turn numbers).
+
+    The turn's own archive index (``Turn.load_state``) scored on recall's tokens (``ArchiveIndex.scores``,
+    the relative floor applied); empty when the product would not recall for ``text`` (``Turn.recall_share``
+    0) or nothing matches.
+    """
+    from app.chat.turn import Turn
+    from app.memory.recall import tokenize
+
+    live = Turn(services, None, thread_id, text, None)
+    live.load_state()
+    if live.archive is None or live.recall_share() <= 0:
+        return []
+    return [turn.number for _, turn in live.archive.scores(tokenize(text))]
 
 
 # ============================================================================================ answered (F1)
@@ -704,6 +751,7 @@ def measure(services_on, services_off, thread_id: str, record: dict, turns: list
     run.dropped_ids = sum(q.dropped for q in questions)
     run.full_tokens = counter.prompt(transcript.full(""))
     kept = {}
+    turn_sessions = {t.number: {session_of(d) for d in t.dia_ids} - {None} for t in turns}
     for q in questions:
         prompts = {"product": product_prompt(services_on, thread_id, q.question),
                    "record": product_prompt(services_off, thread_id, q.question)}
@@ -715,7 +763,9 @@ def measure(services_on, services_off, thread_id: str, record: dict, turns: list
         row = {"sample": run.sample_id, "qa": q.index, "category": q.category, "evidence": len(q.evidence),
                "position": position(first, len(turns)), "tokens": tokens,
                "over_budget": {n: tokens[n] > budget for n in ("product", "record", "sliding")},
-               "reached": {}, "strict": {}, "share": {}, "how": {}}
+               "reached": {}, "strict": {}, "share": {}, "how": {},
+               "session_recall": session_recall(recall_ranking(services_on, thread_id, q.question), turn_sessions,
+                                                q.evidence)}
         for name in CONTEXTS:
             if name == "full":
                 text = PromptText(normalize("\n".join(m["content"] for pair in transcript.pairs for m in pair)), {})
@@ -802,6 +852,7 @@ def summarize(rows: list[dict]) -> dict:
         if name != "full":
             entry["over_budget"] = sum(r["over_budget"][name] for r in rows)
         out[name] = entry
+    out["session_recall"] = {f"at{k}": rate(r["session_recall"][k] for r in rows) for k in SESSION_RECALL_KS}
     out["counts"] = {"by_category": {CATEGORIES[c]: sum(r["category"] == c for r in rows) for c in CATEGORIES},
                      "by_position": {p: sum(r["position"] == p for r in rows) for p in POSITIONS}}
     return out
@@ -889,6 +940,9 @@ def write_report(out: Path, results: dict) -> str:
         lines.append(row(label, lambda e, c=c: e["by_category"][CATEGORIES[c]]))
     for p in POSITIONS:
         lines.append(row(f"evidence {p} third (n={s['counts']['by_position'][p]})", lambda e, p=p: e["by_position"][p]))
+    lines.append("| session recall " + " / ".join(f"@{k}" for k in SESSION_RECALL_KS) + " (a gold evidence session "
+                 "among the sessions of recall's top turns) | "
+                 + " / ".join(pct(s["session_recall"][f"at{k}"]) for k in SESSION_RECALL_KS) + " | – | – | – |")
     lines.append("| prompt tokens, median / max | " + " | ".join(
         f"{s[n]['tokens_median']:.0f} / {s[n]['tokens_max']}" for n in CONTEXTS) + " |")
     lines.append("| prompts over the budget | " + " | ".join(
@@ -980,7 +1034,8 @@ def main(argv: list[str] | None = None) -> int:
             part = summarize(run.rows)
             say(f"locomo: {run.sample_id}: {run.turns} turns in {run.seconds} s, {run.questions} questions; evidence "
                 f"in prompt: project {pct(part['product']['reached'])}, recall off {pct(part['record']['reached'])}, "
-                f"sliding {pct(part['sliding']['reached'])}")
+                f"sliding {pct(part['sliding']['reached'])}; session recall "
+                + ", ".join(f"@{k} {pct(part['session_recall'][f'at{k}'])}" for k in SESSION_RECALL_KS))
             runs.append(run)
         rows = [r for run in runs for r in run.rows]
         summary = summarize(rows)
@@ -1004,7 +1059,8 @@ def main(argv: list[str] | None = None) -> int:
                                "seconds": r.seconds, "compactions": dict(r.compactions),
                                "refinements": dict(r.refinements),
                                "turn_prompt_max": r.turn_prompt_max, "full_tokens": r.full_tokens,
-                               "reached": {n: rate(x["reached"][n] for x in r.rows) for n in CONTEXTS}}
+                               "reached": {n: rate(x["reached"][n] for x in r.rows) for n in CONTEXTS},
+                               "session_recall": summarize(r.rows)["session_recall"]}
                               for r in runs],
             "load_average": [round(x, 2) for x in os.getloadavg()],
         }

@@ -142,6 +142,17 @@ def test_answer_f1_by_category():
     assert L.normalize_answer("The Lean, Startup!") == "lean startup"
 
 
+def test_session_recall_looks_for_a_gold_session_among_the_top_turns_sessions():
+    turns, _, _ = L.build_turns(RECORD)
+    sessions = {t.number: {L.session_of(d) for d in t.dia_ids} - {None} for t in turns}
+    assert sessions == {1: {1}, 2: {1, 2}, 3: {2}}  # turn 2: A's D1:4 and B's D2:1, D2:2 that answer it
+    assert L.session_of("D12:3") == 12 and L.session_of("12:3") is None
+    assert L.session_recall([3, 1], sessions, ("D1:2",), ks=(1, 2)) == {1: False, 2: True}
+    assert L.session_recall([2], sessions, ("D2:3",), ks=(1,)) == {1: True}  # turn 2 holds session 2 too
+    assert L.session_recall([], sessions, ("D1:2",)) == {5: False, 10: False}  # nothing recalled
+    assert L.session_recall([1, 2, 3], sessions, ("D9:1", "D2:3"), ks=(1, 5)) == {1: False, 5: True}
+
+
 def test_bench_runs_on_one_conversation(tmp_path):
     data = public_data(L.LOCOMO_FILE).parent
     code = L.main(["--fake", "--conversations", "1", "--out", str(tmp_path), "--data", str(data)])
@@ -153,6 +164,8 @@ def test_bench_runs_on_one_conversation(tmp_path):
     assert results["checks"]["turn_prompts_over"] == 0 and results["checks"]["question_prompts_over"] == 0
     assert results["checks"]["compaction_requests"] > 0 and results["checks"]["compaction_requests_over"] == 0
     assert summary["sliding"]["tokens_max"] <= summary["product"]["tokens_max"]
+    recall = summary["session_recall"]
+    assert 0 < recall["at5"] <= recall["at10"] <= 1 and results["conversations"][0]["session_recall"] == recall
     assert (tmp_path / "locomo.png").stat().st_size > 0
     assert "| **all questions** |" in (tmp_path / "locomo.md").read_text()
     # no dataset text in the numbers file
