@@ -11,20 +11,20 @@ from the baseline of the same run, in percentage points.  This process itself ne
 
 Measures (a share of cases in [0, 1]; shown in %):
 
-* ``fidelity.en`` / ``fidelity.zh``: planted facts retained, per language (``bench/fidelity.py --fake --data
+* ``fidelity.en`` / ``fidelity.zh``: planted facts retained, per language (``python -m bench.fidelity --fake --data
   DATA --filler 24``, as ``.ci/run``: its ``results.json``, ``methods.memory.retained``; the paraphrasing fake
   model writes the compaction's gists).
 * ``locomo.*``: LoCoMo QA through the product's turn path with the replay fake compaction model
-  (``bench/fidelity.py --locomo --fake --data DATA --conversations N``: its ``locomo.json``, per conversation):
+  (``python -m bench.fidelity --locomo --fake --data DATA --conversations N``: its ``locomo.json``, per conversation):
   evidence in the prompt (all evidence turns of a question reach it) and session recall@5 / @10 (a gold
   evidence session among the sessions of recall's top turns).  The first ``--dev`` conversations are the dev
   split the decision reads; the others are the held-out split, reported beside it (``held-out agrees``:
   whether each LoCoMo measure earns >= 0.5 points on held-out exactly when it does on dev).
 * ``forms.*`` and ``corrections.marked``: the rule checks over the public data (``rules_checks``, run as
-  ``python bench/ablation.py --rules-json PATH``), the checks of ``tests/test_compaction_forms.py`` as shares of
+  ``python -m bench.ablation --rules-json PATH``), the checks of ``tests/test_compaction_forms.py`` as shares of
   the cases that pass, and the correction cases of ``bench/corrections.py`` as a compaction reads them
   (``statement_lines`` per turn, then ``mark_replaced``): passed when exactly the replaced statement is marked.
-* ``corrections.answered``: ``bench/corrections.py --json``: the bundled model answers the corrected value with
+* ``corrections.answered``: ``python -m bench.corrections --json``: the bundled model answers the corrected value with
   the record as the prompt renders it now (``after``).  Its records are written by hand (a replaced line is
   marked in the case), so only a rule of the rendering can move it; one model server serves every group, its
   answers cached per exact request (temperature 0, seed 7: the same request gets the same answer), so a group
@@ -38,10 +38,10 @@ measures' list.
 
 Usage::
 
-    python bench/ablation.py                                # every group; ~1.5 min a group on 2 cores
-    python bench/ablation.py --quick                        # LoCoMo conversations 1 (dev) and 2 (held-out)
-    python bench/ablation.py --groups forms.greeting,correct --out docs/ablation.md
-    python bench/ablation.py --measures fidelity,rules      # only these sources
+    python -m bench.ablation                                # every group; ~1.5 min a group on 2 cores
+    python -m bench.ablation --quick                        # LoCoMo conversations 1 (dev) and 2 (held-out)
+    python -m bench.ablation --groups forms.greeting,correct --out docs/ablation.md
+    python -m bench.ablation --measures fidelity,rules      # only these sources
 
 Output: the table on stdout; ``--out`` (default ``test-output/ablation/ablation.md``) gets it as Markdown with
 a header (measures, data, split, models, date and machine) and, beside it, the same stem ``.json`` (numbers
@@ -271,7 +271,7 @@ def rules_checks(data: Path) -> dict[str, dict[str, int]]:
     from app.memory.compaction.record import mark_replaced, sentences, statement_lines, statement_sentences
     from app.memory.state import ThreadMessage
     from bench.corrections import CASES, FILLER
-    from tests import test_compaction_forms as labelled
+    from chat_support.form_cases import LABELLED
 
     locomo = json.loads((data / "locomo10.json").read_text(encoding="utf-8"))
     kdconv = json.loads((data / "kdconv-sample.json").read_text(encoding="utf-8"))
@@ -301,8 +301,7 @@ def rules_checks(data: Path) -> dict[str, dict[str, int]]:
     openings = [sentences(session[0]["text"])[0] for conv in locomo for session in _locomo_sessions(conv)]
     count("forms.greetings", (forms.sentence_form(s) == forms.GREETING for s in openings
                               if len(s.split()) <= 3 and not s.endswith("?")))
-    mark = next(m for m in labelled.test_forms_the_data_has_few_of.pytestmark if m.name == "parametrize")
-    count("forms.labelled", (forms.sentence_form(sentence) == form for sentence, form in mark.args[1]))
+    count("forms.labelled", (forms.sentence_form(sentence) == form for sentence, form in LABELLED))
 
     def message(role: str, text: str, n: int) -> ThreadMessage:
         return ThreadMessage(f"{role[0]}{n}", role, text, "2026-01-01T00:00:00.000Z")
@@ -361,7 +360,7 @@ def read_groups() -> tuple[str, ...]:
 
 def measure_fidelity(env, work: Path, data: Path) -> tuple[dict, str]:
     out = work / "fidelity"
-    code = run([sys.executable, "bench/fidelity.py", "--fake", "--data", str(data), "--filler", "24", "--out",
+    code = run([sys.executable, "-m", "bench.fidelity", "--fake", "--data", str(data), "--filler", "24", "--out",
                 str(out)], env, work / "fidelity.log", 1800)
     path = out / "results.json"
     if code not in (0, 1) or not path.is_file():  # 1: a retention target missed (still measured)
@@ -372,7 +371,7 @@ def measure_fidelity(env, work: Path, data: Path) -> tuple[dict, str]:
 
 def measure_locomo(env, work: Path, data: Path, conversations: int, dev: int) -> tuple[dict, str]:
     out = work / "locomo"
-    code = run([sys.executable, "bench/fidelity.py", "--locomo", "--fake", "--data", str(data), "--conversations",
+    code = run([sys.executable, "-m", "bench.fidelity", "--locomo", "--fake", "--data", str(data), "--conversations",
                 str(conversations), "--out", str(out)], env, work / "locomo.log", 3600)
     path = out / "locomo.json"
     if code != 0 or not path.is_file():
@@ -382,7 +381,7 @@ def measure_locomo(env, work: Path, data: Path, conversations: int, dev: int) ->
 
 def measure_rules(env, work: Path, data: Path) -> tuple[dict, str]:
     path = work / "rules.json"
-    code = run([sys.executable, "bench/ablation.py", "--rules-json", str(path), "--data", str(data)], env,
+    code = run([sys.executable, "-m", "bench.ablation", "--rules-json", str(path), "--data", str(data)], env,
                work / "rules.log", 1200)
     if code != 0 or not path.is_file():
         return {}, f"rule checks exited {code} (see {work / 'rules.log'})"
@@ -394,7 +393,7 @@ def measure_corrections(env, work: Path, url: str | None, why: str) -> tuple[dic
     if not url:
         return {}, why or "no model server for the corrections"
     path = work / "corrections.json"
-    code = run([sys.executable, "bench/corrections.py", "--url", url, "--json", str(path)], env,
+    code = run([sys.executable, "-m", "bench.corrections", "--url", url, "--json", str(path)], env,
                work / "corrections.log", 3600)
     if code != 0 or not path.is_file():
         return {}, f"corrections exited {code} (see {work / 'corrections.log'})"
@@ -535,10 +534,10 @@ def write_report(path: Path, results: dict, meta: dict) -> str:
         "measuring subprocesses); every value is measured in this run, the difference (in parentheses) is "
         "against this run's baseline, in percentage points.", "",
         "Measures (share of cases, %):", "",
-        f"* **facts EN / ZH**: planted facts retained per language, `bench/fidelity.py --fake --data DATA "
+        f"* **facts EN / ZH**: planted facts retained per language, `python -m bench.fidelity --fake --data DATA "
         f"--filler 24` (40 planted facts under real LoCoMo/KdConv filler; compaction answers by the paraphrasing "
         f"fake model, which drops names, dates and ids).",
-        f"* **LoCoMo dev / held-out**: evidence in the prompt, `bench/fidelity.py --locomo --fake --conversations "
+        f"* **LoCoMo dev / held-out**: evidence in the prompt, `python -m bench.fidelity --locomo --fake --conversations "
         f"{meta['conversations']}` (LoCoMo `locomo10.json`; the replay fake compaction model): dev = "
         f"conversations 1–{meta['dev']} ({', '.join(meta['dev_ids']) or '–'}; {meta['dev_questions']} questions), "
         f"held-out = the others ({', '.join(meta['held_ids']) or '–'}; {meta['held_questions']} questions). "
@@ -666,7 +665,7 @@ def main(argv: list[str] | None = None) -> int:
         if upstream:
             proxy = CachingProxy(upstream)
             url = proxy.url
-    command = "python bench/ablation.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m bench.ablation " + " ".join(argv if argv is not None else sys.argv[1:])
     print(f"ablation: {len(groups)} groups + baseline; measures {', '.join(sources)}; LoCoMo conversations "
           f"1-{args.conversations}, dev 1-{args.dev}" + (f"; {model_note}" if model_note else ""), flush=True)
     results: dict[str, dict] = {}

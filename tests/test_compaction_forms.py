@@ -19,6 +19,7 @@ from app.memory.compaction import forms
 from app.memory.compaction.facts import extract_facts
 from app.memory.compaction.record import PERSON, TOLD, sentences, statement_lines, statement_sentences
 from app.memory.state import ThreadMessage
+from chat_support.form_cases import LABELLED
 from tests.helpers.public_data import public_data
 
 
@@ -158,16 +159,7 @@ def test_session_openings_of_the_data_are_greetings():
         "I went to a support group yesterday."]  # a greeting beside a statement: the statement stays
 
 
-@pytest.mark.parametrize("sentence, form", [
-    ("Thanks!", forms.THANKS), ("Thank you so much, Gina.", forms.THANKS), ("谢谢你！", forms.THANKS),
-    ("Got it.", forms.ACKNOWLEDGEMENT), ("That's really cool.", forms.ACKNOWLEDGEMENT), ("好的。", forms.ACKNOWLEDGEMENT),
-    ("嗯嗯", forms.ACKNOWLEDGEMENT), ("你好！", forms.GREETING),
-    ("Explain how this works.", forms.REQUEST), ("Can you write it again", forms.REQUEST),
-    ("请介绍一下这个地方。", forms.REQUEST), ("Just acknowledge.", forms.INSTRUCTION),
-    ("One sentence please.", forms.INSTRUCTION), ("用一句话回答。", forms.INSTRUCTION),
-    ("No, the meeting is on Tuesday.", forms.STATEMENT), ("I prefer short answers.", forms.STATEMENT),
-    ("It was a great experience.", forms.STATEMENT), ("我对花生过敏。", forms.STATEMENT),
-])
+@pytest.mark.parametrize("sentence, form", LABELLED)
 def test_forms_the_data_has_few_of(sentence, form):
     assert forms.sentence_form(sentence) == form
 
