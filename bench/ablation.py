@@ -148,7 +148,7 @@ def decide(diffs: dict[str, float | None], keys=DECIDING, threshold: float = THR
         ``("keep", keys earning >= threshold)``, else ``("undecided", missing keys)`` when a key of ``keys`` has
         no difference, else ``("removable", [])`` (it earns < ``threshold`` points on every one of ``keys``).
     """
-    earning = [k for k in keys if diffs.get(k) is not None and -diffs[k] >= threshold]
+    earning = [k for k in keys if (diff := diffs.get(k)) is not None and -diff >= threshold]
     if earning:
         return "keep", earning
     missing = [k for k in keys if diffs.get(k) is None]
@@ -162,9 +162,10 @@ def held_out_agrees(diffs: dict[str, float | None], pairs=HELD_OUT_PAIRS, thresh
     does on dev; None when a difference is missing."""
     verdicts = []
     for dev, held in pairs:
-        if diffs.get(dev) is None or diffs.get(held) is None:
+        on_dev, on_held = diffs.get(dev), diffs.get(held)
+        if on_dev is None or on_held is None:
             return None
-        verdicts.append((-diffs[dev] >= threshold) == (-diffs[held] >= threshold))
+        verdicts.append((-on_dev >= threshold) == (-on_held >= threshold))
     return all(verdicts)
 
 
@@ -465,6 +466,7 @@ def start_model_server(log: Path, timeout: float = 300) -> tuple[subprocess.Pope
     handle = log.open("w")
     proc = subprocess.Popen([sys.executable, "scripts/model_server.py", "--role", "chat", "--port", str(port)],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=handle, text=True, start_new_session=True)
+    assert proc.stdout is not None  # stdout=PIPE
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         line = proc.stdout.readline()
@@ -534,9 +536,9 @@ def write_report(path: Path, results: dict, meta: dict) -> str:
         "measuring subprocesses); every value is measured in this run, the difference (in parentheses) is "
         "against this run's baseline, in percentage points.", "",
         "Measures (share of cases, %):", "",
-        f"* **facts EN / ZH**: planted facts retained per language, `python -m bench.fidelity --fake --data DATA "
-        f"--filler 24` (40 planted facts under real LoCoMo/KdConv filler; compaction answers by the paraphrasing "
-        f"fake model, which drops names, dates and ids).",
+        "* **facts EN / ZH**: planted facts retained per language, `python -m bench.fidelity --fake --data DATA "
+        "--filler 24` (40 planted facts under real LoCoMo/KdConv filler; compaction answers by the paraphrasing "
+        "fake model, which drops names, dates and ids).",
         f"* **LoCoMo dev / held-out**: evidence in the prompt, `python -m bench.fidelity --locomo --fake --conversations "
         f"{meta['conversations']}` (LoCoMo `locomo10.json`; the replay fake compaction model): dev = "
         f"conversations 1–{meta['dev']} ({', '.join(meta['dev_ids']) or '–'}; {meta['dev_questions']} questions), "

@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 import random
 import re
 import socket
@@ -194,6 +193,7 @@ class Attacker:
         self.requests = 0
         self.held: list = []
         self.lock = threading.Lock()
+        self.local = threading.local()  # per attacking thread: the HTTP flood's client (one session per thread)
         self.threads = [threading.Thread(target=self._loop, daemon=True) for _ in range(threads)]
 
     def start(self) -> None:
@@ -265,8 +265,8 @@ class Attacker:
         time.sleep(3)
 
     def _http_flood(self) -> None:
-        client = getattr(threading.current_thread(), "client", None) or Client(self.web, self.address)
-        threading.current_thread().client = client
+        client = getattr(self.local, "client", None) or Client(self.web, self.address)
+        self.local.client = client
         for _ in range(10):
             self.count()
             client.request("POST", "/api/chat/pins", json={"text": f"pin {random.random()}"})

@@ -53,7 +53,7 @@ def cluster_stats(cluster: LocalCluster) -> dict:
         info = client.info("cpu")
         cpu += float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
         raw = client.execute_command("CLUSTER INFO")
-        fields = raw if isinstance(raw, dict) else dict(l.split(":", 1) for l in raw.splitlines() if ":" in l)
+        fields = raw if isinstance(raw, dict) else dict(line.split(":", 1) for line in raw.splitlines() if ":" in line)
         bus += float(fields.get("cluster_stats_messages_sent", 0))
         client.close()
     return {"cpu": cpu, "bus": bus}

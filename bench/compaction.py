@@ -78,6 +78,7 @@ from chat_support.live_app import ChatClient, LiveServer  # noqa: E402
 from chat_support.polling import wait_until  # noqa: E402
 from chat_support.servers import stop  # noqa: E402
 from chat_support.redis_server import configured_or_embedded  # noqa: E402
+from app.compaction.requests import CompactionRequests  # noqa: E402
 from app.compaction.service import run_compaction  # noqa: E402
 
 TARGET_RATIO = 1.1
@@ -118,7 +119,7 @@ class CompactionSwitch:
     """
 
     def __init__(self):
-        self.original = None
+        self.original: CompactionRequests | None = None
         self.inline = False
         self.enqueue_ms: list[float] = []    # request_compaction calls that enqueued (async)
         self.inline_ms: list[float] = []     # run_compaction inside the turn (inline)
@@ -126,18 +127,26 @@ class CompactionSwitch:
         self.triggered: list[str] = []       # thread ids for which a compaction was requested or run
         self._local = threading.local()
 
+    @property
+    def requests(self) -> CompactionRequests:
+        """The process's own ``CompactionRequests`` (``install`` keeps it; RuntimeError before)."""
+        if self.original is None:
+            raise RuntimeError("install the switch first")
+        return self.original
+
     def release(self, thread_id, version):
-        self.original.release(thread_id, version)
+        self.requests.release(thread_id, version)
 
     def hold(self, thread_id, version, seconds):
-        return self.original.hold(thread_id, version, seconds)
+        return self.requests.hold(thread_id, version, seconds)
 
     def after_commit(self, thread_id, *, message_count, uncompacted_tokens, version):
         services = self.services
         if not self.inline:
+            original = self.requests
             t0 = time.perf_counter()
-            queued = self.original.after_commit(thread_id, message_count=message_count,
-                                                uncompacted_tokens=uncompacted_tokens, version=version)
+            queued = original.after_commit(thread_id, message_count=message_count,
+                                           uncompacted_tokens=uncompacted_tokens, version=version)
             if queued:
                 self.enqueue_ms.append((time.perf_counter() - t0) * 1000)
                 self.triggered.append(thread_id)
@@ -171,7 +180,7 @@ class CompactionSwitch:
                 return None  # nothing left to request after done
             return appended
 
-        Turn._commit = commit
+        setattr(Turn, "_commit", commit)  # patches the class: every turn of this process (uninstall restores it)
         mark = services.store.mark_compaction_pending
 
         def timed_mark(*args, **kwargs):  # an instance attribute of this process's store only
@@ -182,11 +191,11 @@ class CompactionSwitch:
                 if not self.inline:
                     self.marker_ms.append((time.perf_counter() - t0) * 1000)
 
-        services.store.mark_compaction_pending = timed_mark
+        setattr(services.store, "mark_compaction_pending", timed_mark)
 
     def uninstall(self):
         self.services.compaction_requests = self.original
-        Turn._commit = self.original_commit
+        setattr(Turn, "_commit", self.original_commit)
 
 
 # -- the worker --------------------------------------------------------------------------------------------------
@@ -196,6 +205,8 @@ def subprocess_worker(settings: Settings, log_path: Path):
     """``celery -A celery_app worker -Q compaction --pool solo`` configured through its environment."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("REDIS", "OPENAI", "COMPACTION", "MEMORY", "MODEL_", "RESERVED_", "CHAT_"))}
+    if settings.openai_base_url is None:
+        raise ValueError("the worker needs OPENAI_BASE_URL (the fake model's)")
     env.update({
         "APP_ENV": "test", "REDIS_URL": settings.redis_url, "SECRET_KEY": SECRET,
         "OPENAI_BASE_URL": settings.openai_base_url, "OPENAI_API_KEY": "bench",
@@ -309,7 +320,7 @@ def run_profile(name: str, *, llm: FakeLLM, server: LiveServer, services, client
                "the worker to apply every async compaction")
     worker_ms = [check_compacted(store, client, t, window)["durationMs"] for t in async_tids]
     calls = llm.chat_requests("structured")[structured_before:]
-    outcomes = {}
+    outcomes: dict[str, int] = {}
     for rec in calls:
         key = f"{rec.outcome} {rec.status}"
         outcomes[key] = outcomes.get(key, 0) + 1

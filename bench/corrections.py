@@ -149,6 +149,7 @@ def start_server() -> tuple[subprocess.Popen, str]:
         port = sock.getsockname()[1]
     proc = subprocess.Popen([sys.executable, "scripts/model_server.py", "--role", "chat", "--port", str(port)],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert proc.stdout is not None  # stdout=PIPE
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         line = proc.stdout.readline()

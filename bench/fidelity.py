@@ -40,9 +40,9 @@ names and places 85 %, decisions and preferences 75 %) are printed beside it as 
 
 Usage::
 
-    python bench/fidelity.py --fake                       # CI: fake model, retained only
-    python bench/fidelity.py                              # the bundled model (both servers)
-    OPENAI_BASE_URL=... OPENAI_API_KEY=... CHAT_MODEL=... python bench/fidelity.py
+    python -m bench.fidelity --fake                       # CI: fake model, retained only
+    python -m bench.fidelity                              # the bundled model (both servers)
+    OPENAI_BASE_URL=... OPENAI_API_KEY=... CHAT_MODEL=... python -m bench.fidelity
 
 Output (``--out``, default ``test-output/fidelity``): ``report.md``, ``results.json``
 (numbers only) and ``fidelity.png``.  Units: tokens (cl100k_base, the app's counter),
@@ -60,8 +60,12 @@ import sys
 import threading
 import time
 import unicodedata
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable, cast
+
+if TYPE_CHECKING:
+    from openai.types.chat import ChatCompletionMessageParam
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -244,7 +248,8 @@ def data_facts(data: Path, per_language: int, first_turn: int) -> tuple[list[str
     locomo = _json.loads((data / "locomo10.json").read_text(encoding="utf-8"))
     kdconv = _json.loads((data / "kdconv-sample.json").read_text(encoding="utf-8"))
     english, chinese = locomo_statements(locomo, per_language), kdconv_statements(kdconv, per_language)
-    turns, facts = [], []
+    turns: list[str] = []
+    facts: list[Fact] = []
     for lang, items in (("en", english), ("zh", chinese)):
         for i, (text, answer, question) in enumerate(items):
             facts.append(Fact(f"{lang}-data-{i + 1}", lang, DATA_KIND, first_turn + len(turns), (answer,), question))
@@ -366,8 +371,10 @@ class Asker:
         self.calls = 0
 
     def ask(self, messages: list[dict]) -> str:
+        # role/content dicts, the shape of openai's message TypedDicts (a plain dict is not one to mypy)
+        params = cast("list[ChatCompletionMessageParam]", messages)
         started = time.monotonic()
-        completion = self.client.chat.completions.create(model=self.settings.chat_model, messages=messages,
+        completion = self.client.chat.completions.create(model=self.settings.chat_model, messages=params,
                                                          temperature=0, max_tokens=self.max_tokens, stream=False)
         self.seconds += time.monotonic() - started
         self.calls += 1
@@ -453,8 +460,12 @@ def rolling_context(transcript: list[tuple[str, str]], settings, counter, *, bas
     """
     import langchain
     from langchain.agents.middleware import SummarizationMiddleware
-    from langchain_core.messages import AIMessage, HumanMessage
+    from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
     from langchain_openai import ChatOpenAI
+    from langgraph.runtime import Runtime
+
+    def tokens(messages: Iterable[Any]) -> int:
+        return sum(counter.count(str(m.content if isinstance(m, BaseMessage) else m)) for m in messages)
 
     limits = settings.limits
     model_client = ChatOpenAI(base_url=base_url, api_key=api_key, model=model, temperature=0, max_retries=1,
@@ -462,13 +473,14 @@ def rolling_context(transcript: list[tuple[str, str]], settings, counter, *, bas
     middleware = SummarizationMiddleware(
         model_client, trigger=("messages", 2 * (limits.recent_turns + limits.compact_batch_turns)),
         keep=("messages", 2 * limits.recent_turns),
-        token_counter=lambda messages: sum(counter.count(str(m.content)) for m in messages))
+        token_counter=tokens)
+    runtime = Runtime()  # no agent graph around it: before_model does not read its runtime
     messages: list = []
     seconds, summaries = 0.0, 0
     for user, answer in transcript:
         messages += [HumanMessage(user), AIMessage(answer)]
         started = time.monotonic()
-        update = middleware.before_model({"messages": messages}, None)
+        update = middleware.before_model({"messages": messages}, runtime)
         if update is not None:
             seconds += time.monotonic() - started
             summaries += 1

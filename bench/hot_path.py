@@ -57,6 +57,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -98,7 +99,7 @@ def data_file(data_dir: Path, language: str) -> Path:
 
 def english_utterances(path: Path) -> list[str]:
     """Every LoCoMo utterance, conversation by conversation, session by session."""
-    out = []
+    out: list[str] = []
     for conv in json.loads(path.read_text()):
         c = conv["conversation"]
         for key in sorted(k for k in c if k.startswith("session_") and not k.endswith("date_time")):
@@ -165,6 +166,11 @@ def full_record(source: TextSource, max_chars: int) -> Record:
     return Record(1, last.turn, tuple(lines))
 
 
+def utf8_len(value: str | bytes) -> int:
+    """Bytes of a store field or value: its UTF-8 encoding (a ``str`` from a ``decode_responses`` client)."""
+    return len(value if isinstance(value, bytes) else value.encode())
+
+
 def build_full_state(store: ThreadStore, thread_id: str, source: TextSource) -> dict:
     """Write the full state with the store's own scripts; return its figures."""
     def msg(role: str, text: str) -> ThreadMessage:
@@ -186,7 +192,7 @@ def build_full_state(store: ThreadStore, thread_id: str, source: TextSource) -> 
     payload = store.redis.hgetall(ThreadKeys(thread_id).state)
     return {
         "message_tokens": [source.counter.count(m.text) for m in state.messages],
-        "payload_bytes": sum(len(k.encode()) + len(v.encode()) for k, v in payload.items()),
+        "payload_bytes": sum(utf8_len(k) + utf8_len(v) for k, v in payload.items()),
     }
 
 
@@ -228,7 +234,9 @@ def run(language: str, client, *, data_dir: Path, iterations: int, warmup: int, 
         # A full state of CJK text does not fit the default window (see the note printed with the figures).
         window = 32768
 
-    hot, floor, phases = [], [], {"load": [], "assemble": [], "commit": []}
+    hot: list[float] = []
+    floor: list[float] = []
+    phases: dict[str, list[float]] = {"load": [], "assemble": [], "commit": []}
     profiler = cProfile.Profile() if profile else None
     gc.collect()
     for i in range(iterations + warmup):
@@ -332,8 +340,9 @@ def run_recall(client, *, data_dir: Path, iterations: int, warmup: int) -> dict:
     t0 = time.perf_counter()
     load_turn_memory(store, thread_id)
     cold = (time.perf_counter() - t0) * 1000
-    kwargs = dict(system_prompt=SYSTEM_PROMPT, counter=counter, context_tokens=settings.model_context_tokens,
-                  reserved_output_tokens=settings.reserved_output_tokens)
+    kwargs: dict[str, Any] = dict(system_prompt=SYSTEM_PROMPT, counter=counter,
+                                  context_tokens=settings.model_context_tokens,
+                                  reserved_output_tokens=settings.reserved_output_tokens)
     without, with_recall, recalled = [], [], 0
     for i in range(iterations + warmup):
         question = questions[i % len(questions)]

@@ -229,6 +229,13 @@ class System:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.web_port}"
 
+    @property
+    def recorder(self) -> RecordingProxy:
+        """The recording proxy in front of the compaction server (``start`` makes it; RuntimeError before)."""
+        if self.proxy is None:
+            raise RuntimeError("start the system first")
+        return self.proxy
+
     def stop(self) -> None:
         for _name, proc in reversed(self.procs):
             if proc.poll() is None:
@@ -339,12 +346,15 @@ class Seeder:
     def seed_and_request(self) -> bool:
         from app.memory.final_turn import FinalTurn
 
+        if self.seed_turns < 1:
+            raise SystemExit("bench: --seed-turns must be at least 1")
         result = None
         for _ in range(self.seed_turns):
             user, assistant = self.pairs[self.next % len(self.pairs)]
             self.next += 1
             result = self.services.store.commit_final_turn(self.thread_id, FinalTurn(
                 user, assistant, "completed", "chat", user_id=f"u{self.next}", assistant_id=f"a{self.next}"))
+        assert result is not None  # seed_turns >= 1
         state = self.services.store.load(self.thread_id)
         tokens = self.domain.uncompacted_tokens(state.messages, self.services.counter)
         return self.services.compaction_requests.after_commit(
@@ -359,7 +369,7 @@ class Seeder:
 
 def during_phase(system: System, seeder: Seeder, n: int, name: str, idle_p50: float,
                  timeout: float = 1800.0) -> Phase:
-    proxy = system.proxy
+    proxy = system.recorder
     phase = Phase(name)
     first_call = len(proxy.calls)
     deadline = time.monotonic() + timeout
@@ -430,7 +440,7 @@ def after_phase(system: System, n: int, think: float = 0.0,
     warmups: list[TaskStats] = []
     tasks_before = 0
     deadline = time.monotonic() + timeout
-    first_call = len(system.proxy.calls)
+    first_call = len(system.recorder.calls)
     compacted = False
     i = 0
     try:
@@ -469,7 +479,7 @@ def after_phase(system: System, n: int, think: float = 0.0,
                 time.sleep(think)
     finally:
         client.close()
-    phase.calls = [c for c in system.proxy.calls[first_call:] if c.path.endswith("/chat/completions")]
+    phase.calls = [c for c in system.recorder.calls[first_call:] if c.path.endswith("/chat/completions")]
     return phase, stats, warmups
 
 
@@ -564,7 +574,7 @@ def main(argv: list[str] | None = None) -> int:
             memory = {role: memory_mib(pid) for role, pid in pids.items()}
             phases = [split, after]
             if args.shared:
-                system.proxy.upstream = f"http://127.0.0.1:{system.chat_port}/v1"
+                system.recorder.upstream = f"http://127.0.0.1:{system.chat_port}/v1"
                 shared = during_phase(system, Seeder(system, args.data, args.seed_turns), args.shared,
                                       "during a compaction (shared, before)", idle_p50)
                 phases.append(shared)

@@ -123,6 +123,7 @@ import unicodedata
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -751,7 +752,7 @@ def measure(services_on, services_off, thread_id: str, record: dict, turns: list
     run.dropped_ids = sum(q.dropped for q in questions)
     run.full_tokens = counter.prompt(transcript.full(""))
     kept = {}
-    turn_sessions = {t.number: {session_of(d) for d in t.dia_ids} - {None} for t in turns}
+    turn_sessions = {t.number: {number for d in t.dia_ids if (number := session_of(d)) is not None} for t in turns}
     for q in questions:
         prompts = {"product": product_prompt(services_on, thread_id, q.question),
                    "record": product_prompt(services_off, thread_id, q.question)}
@@ -760,12 +761,13 @@ def measure(services_on, services_off, thread_id: str, record: dict, turns: list
         tokens["sliding"] = counter.prompt(prompts["sliding"])
         tokens["full"] = run.full_tokens + counter.message("user", q.question)
         first = min(dia_turn[e] for e in q.evidence)
-        row = {"sample": run.sample_id, "qa": q.index, "category": q.category, "evidence": len(q.evidence),
-               "position": position(first, len(turns)), "tokens": tokens,
-               "over_budget": {n: tokens[n] > budget for n in ("product", "record", "sliding")},
-               "reached": {}, "strict": {}, "share": {}, "how": {},
-               "session_recall": session_recall(recall_ranking(services_on, thread_id, q.question), turn_sessions,
-                                                q.evidence)}
+        row: dict[str, Any] = {
+            "sample": run.sample_id, "qa": q.index, "category": q.category, "evidence": len(q.evidence),
+            "position": position(first, len(turns)), "tokens": tokens,
+            "over_budget": {n: tokens[n] > budget for n in ("product", "record", "sliding")},
+            "reached": {}, "strict": {}, "share": {}, "how": {},
+            "session_recall": session_recall(recall_ranking(services_on, thread_id, q.question), turn_sessions,
+                                             q.evidence)}
         for name in CONTEXTS:
             if name == "full":
                 text = PromptText(normalize("\n".join(m["content"] for pair in transcript.pairs for m in pair)), {})
@@ -874,15 +876,25 @@ def fmt_ratio(value) -> str:
     return "–" if value is None else ("∞" if value == float("inf") else f"{value:.2f}×")
 
 
+def pick(*path: str) -> Callable[[dict], Any]:
+    """A reader of ``entry[path[0]][path[1]]...`` (one bar group of the plot)."""
+    def read(entry: dict) -> Any:
+        value: Any = entry
+        for key in path:
+            value = value[key]
+        return value
+    return read
+
+
 def write_plot(summary: dict, path: Path, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    groups = [("all", lambda e: e["reached"])]
-    groups += [(CATEGORIES[c], lambda e, c=c: e["by_category"][CATEGORIES[c]]) for c in CATEGORIES]
-    groups += [(p, lambda e, p=p: e["by_position"][p]) for p in POSITIONS]
+    groups = [("all", pick("reached"))]
+    groups += [(CATEGORIES[c], pick("by_category", CATEGORIES[c])) for c in CATEGORIES]
+    groups += [(p, pick("by_position", p)) for p in POSITIONS]
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [4, 1]})
     width = 0.8 / len(CONTEXTS)
     for i, name in enumerate(CONTEXTS):

@@ -43,6 +43,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -54,7 +55,7 @@ from chat_support.live_app import ChatClient  # noqa: E402
 from chat_support.redis_server import configured_or_embedded  # noqa: E402
 
 
-def pct(values: list[float], q: float) -> float:
+def pct(values: Sequence[float], q: float) -> float:
     """The ``q`` quantile (0..1) by nearest rank; 0.0 for no values."""
     if not values:
         return 0.0
@@ -143,11 +144,11 @@ def floor(system: System, texts: list[str], pauses: list[float], timeout: float)
 
 def measured(system: System, fn, *args) -> Run:
     """Run ``fn`` and attach the compaction calls and chat-server prompt tokens that happened meanwhile."""
-    calls_before = len(system.proxy.calls)
+    calls_before = len(system.recorder.calls)
     tasks_before = len(task_stats(system.log("model-chat")))
     run = fn(system, *args)
     time.sleep(0.5)
-    calls = [c for c in system.proxy.calls[calls_before:] if c.path.endswith("/chat/completions")]
+    calls = [c for c in system.recorder.calls[calls_before:] if c.path.endswith("/chat/completions")]
     run.compaction_calls = len(calls)
     run.compaction_prompt_tokens = sum(c.prompt_tokens or 0 for c in calls)
     if not run.chat_prompt_read:

@@ -83,7 +83,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -92,6 +92,9 @@ import websocket  # noqa: E402
 
 from app.memory.tokens import REPLY_PRIMING, TokenCounter, counter_for  # noqa: E402
 from chat_support.servers import free_port, stop as stop_process  # noqa: E402
+
+if TYPE_CHECKING:
+    from chat_support.fake_llm import FakeLLM
 
 LOCOMO_FILE = "locomo10.json"
 KDCONV_FILE = "kdconv-sample.json"
@@ -208,7 +211,7 @@ def load_locomo(data_dir: Path, select: int | list[str], *, user_side: str = "al
                 max_turns: int = 0) -> list[Conversation]:
     """LoCoMo conversations: the first ``select`` with at least ``min_turns`` user turns, or the named ids."""
     records = _read_json(data_dir / LOCOMO_FILE)
-    chosen = []
+    chosen: list[tuple[dict, list[str]]] = []
     if isinstance(select, int):
         for record in records:
             if len(chosen) >= select:
@@ -360,13 +363,20 @@ class System:
         self.url = url.rstrip("/") if url else None
         self.fake = fake
         self.log_dir = log_dir
-        self.fake_llm = None
+        self.fake_llm: FakeLLM | None = None
         self.fake_model: ReplayFakeModel | None = None
         self.model_desc = "as configured on the running system"
         self.store_desc = "as configured on the running system"
         self.env: dict[str, str] = {}
         self._procs: list[tuple[str, subprocess.Popen, Path]] = []
         self._stops: list[Callable[[], None]] = []
+
+    @property
+    def base_url(self) -> str:
+        """The system's base URL: ``--url``, or the web process ``start`` started (SystemError_ before that)."""
+        if self.url is None:
+            raise SystemError_("the system has not been started")
+        return self.url
 
     # -- lifecycle
     def start(self) -> "System":
@@ -438,9 +448,9 @@ class System:
             from chat_support.fake_llm import FakeLLM
 
             self.fake_model = ReplayFakeModel()
-            self.fake_llm = FakeLLM(default=self.fake_model).start()
-            self._stops.append(self.fake_llm.stop)
-            env.update(OPENAI_BASE_URL=self.fake_llm.url, OPENAI_API_KEY="fake", CHAT_MODEL="fake-chat",
+            fake_llm = self.fake_llm = FakeLLM(default=self.fake_model).start()
+            self._stops.append(fake_llm.stop)
+            env.update(OPENAI_BASE_URL=fake_llm.url, OPENAI_API_KEY="fake", CHAT_MODEL="fake-chat",
                        COMPACTION_MODEL="fake-compact")
             env.pop("BUNDLED_MODEL", None)
             self.model_desc = ("fake model (bench/replay.py ReplayFakeModel on chat_support.fake_llm): echo-like chat "
@@ -589,13 +599,14 @@ def account(expected: list[tuple[str, str, str, int]], messages: list[dict], fol
     folded = 2 * folded_turns
     result = Accounting(expected=len(expected), kept=len(messages), folded=folded)
     index = {mid: i for i, (mid, _, _, _) in enumerate(expected)}
-    ids = [m.get("id") for m in messages]
-    seen: dict[str, int] = {}
+    ids: list[str | None] = [m.get("id") for m in messages]
+    seen: dict[str | None, int] = {}
     for mid in ids:
         seen[mid] = seen.get(mid, 0) + 1
-    lost, duplicated = set(), set()
+    lost: set[int] = set()
+    duplicated: set[int] = set()
     for mid, count in seen.items():
-        if mid not in index:
+        if mid is None or mid not in index:
             result.phantom.append(str(mid))
         elif count > 1 or index[mid] < folded:
             duplicated.add(expected[index[mid]][3])
@@ -607,12 +618,12 @@ def account(expected: list[tuple[str, str, str, int]], messages: list[dict], fol
     positions = [index[mid] for mid in ids if mid in index]
     result.out_of_order = positions != sorted(positions) or len(set(positions)) != len(positions)
     for m in messages:
-        i = index.get(m.get("id"))
-        if i is None:
+        kept_id = m.get("id")
+        if not isinstance(kept_id, str) or kept_id not in index:
             continue
-        _, role, text, _ = expected[i]
+        _, role, text, _ = expected[index[kept_id]]
         if m.get("role") != role or (m.get("text") or "").strip() != text.strip():
-            result.altered.append(m.get("id"))
+            result.altered.append(kept_id)
     if result.balance < 0 and not lost:
         lost.add(-1)  # fewer messages accounted for than written, without a missing id (cannot happen)
     if result.balance > 0 and not duplicated and not result.phantom:
@@ -1030,14 +1041,21 @@ class _RunState:
         self._counter = counter
         self._system_tokens = counter.message("system", system_prompt)
 
+    @property
+    def counter(self) -> TokenCounter:
+        """The token counter ``bind`` gave (RuntimeError before ``bind``)."""
+        if self._counter is None:
+            raise RuntimeError("bind() the token counter first")
+        return self._counter
+
     def full_history_tokens(self, text: str) -> int:
         """Tokens of system prompt + every earlier completed turn verbatim + this input (+ reply priming)."""
-        return self._system_tokens + self._history_tokens + self._counter.message("user", text) + REPLY_PRIMING
+        return self._system_tokens + self._history_tokens + self.counter.message("user", text) + REPLY_PRIMING
 
     def completed(self, turn: TurnResult, text: str, answer: str) -> None:
         self.expected.append((turn.user_id, "user", text, turn.n))
         self.expected.append((turn.assistant_id, "assistant", answer, turn.n))
-        self._history_tokens += self._counter.message("user", text) + self._counter.message("assistant", answer)
+        self._history_tokens += self.counter.message("user", text) + self.counter.message("assistant", answer)
 
 
 # ============================================================================================ plots, report
@@ -1090,7 +1108,7 @@ def write_plot(results: list[ConversationResult], path: Path, title: str) -> Pat
                Line2D([], [], color="#1f77b4", label="prompt sent (memory)"),
                Line2D([], [], color="#d62728", label=f"budget {results[0].budget}"),
                Line2D([], [], color="#2ca02c", marker="|", linestyle="none", label="compaction applied")]
-    labels = [h.get_label() for h in handles]
+    labels = [str(h.get_label()) for h in handles]
     fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=9, frameon=False)
     fig.suptitle(title, fontsize=11)
     fig.tight_layout(rect=(0, 0.6 / height, 1, 1 - 0.45 / height))
@@ -1326,7 +1344,7 @@ def main(argv: list[str] | None = None) -> int:
                                                int(os.environ.get("MEMORY_SUMMARY_MAX_CHARS") or DEFAULT_SUMMARY_MAX))
         say(f"replay: system at {system.url} (model: {system.model_desc}; store: {system.store_desc}; logs in "
             f"{log_dir})")
-        replayer = Replayer(system.url, fake_llm=system.fake_llm, summary_limit=summary_limit,
+        replayer = Replayer(system.base_url, fake_llm=system.fake_llm, summary_limit=summary_limit,
                             turn_timeout=turn_timeout, settle_timeout=settle_timeout,
                             deadline=started + args.time_limit,
                             system_prompt=settings.system_prompt if settings else None,

@@ -19,6 +19,7 @@ pytest_plugins = [
     "tests.fixtures.redis_cluster",
     "tests.fixtures.lanes",
     "tests.fixtures.own_redis",
+    "tests.fixtures.redis_proxy",
 ]
 
 from app.settings import MemoryLimits, Settings  # noqa: E402

@@ -27,7 +27,6 @@ from app.identity import thread_id_for
 from chat_support.fake_llm import Reply
 from chat_support.live_app import ChatClient, answer_text
 from tests.fixtures.memory_data import CREATED, ENGLISH, message, new_thread_id, state, text_of_chars
-from tests.fixtures.own_redis import own_redis  # noqa: F401  (fixture)
 
 LIMITS = MemoryLimits()
 THREAD_RE = re.compile(r"^chat:[a-f0-9]{64}$")

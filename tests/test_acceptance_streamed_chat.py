@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from app.memory.context import PINS_HEADER, SUMMARY_HEADER, format_summary
+from app.memory.context import PINS_HEADER, format_summary
 from app.settings import Settings
 from chat_support.fake_llm import Reply, words
 from chat_support.live_app import ChatClient, answer_text

@@ -15,8 +15,6 @@ from app.memory.final_turn import FinalTurn
 from app.settings import MemoryLimits
 from app.store.thread_store import StoreUnavailable, ThreadStore
 from chat_support.live_app import ChatClient
-from tests.fixtures.own_redis import own_redis  # noqa: F401  (fixture)
-from tests.fixtures.redis_proxy import cutting_proxy  # noqa: F401  (fixture)
 from tests.helpers.errors import assert_no_exception_text
 
 THREAD = "chat:" + "cd" * 32

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 
-from app.memory.context import PINS_HEADER, SUMMARY_HEADER, format_summary
+from app.memory.context import PINS_HEADER, format_summary
 from chat_support.fake_llm import Reply, split_tokens, words
 from chat_support.live_app import ChatClient, answer_text, frame_kinds
 from tests.fixtures.memory_data import text_record
