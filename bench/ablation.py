@@ -104,8 +104,8 @@ RULE_CHECKS = {
 }
 
 MEASURES: tuple[Measure, ...] = (
-    Measure("fidelity.en", "planted facts retained, English (bench/fidelity.py --fake)", "facts EN", "fidelity"),
-    Measure("fidelity.zh", "planted facts retained, Chinese (bench/fidelity.py --fake)", "facts ZH", "fidelity"),
+    Measure("fidelity.en", "planted facts retained, English (python -m bench.fidelity --fake)", "facts EN", "fidelity"),
+    Measure("fidelity.zh", "planted facts retained, Chinese (python -m bench.fidelity --fake)", "facts ZH", "fidelity"),
     Measure("locomo.dev", "LoCoMo evidence in prompt, dev split", "LoCoMo dev", "locomo"),
     Measure("recall5.dev", "LoCoMo session recall@5, dev split", "R@5 dev", "locomo"),
     Measure("recall10.dev", "LoCoMo session recall@10, dev split", "R@10 dev", "locomo"),

@@ -628,7 +628,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return locomo_qa.main([a for a in raw if a != "--locomo"])
     args = build_parser().parse_args(argv)
-    command = "python bench/fidelity.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m bench.fidelity " + " ".join(argv if argv is not None else sys.argv[1:])
     if not (args.data / "locomo10.json").is_file() or not (args.data / "kdconv-sample.json").is_file():
         print(f"fidelity: no conversation data in {args.data} (use --data)", file=sys.stderr)
         return 2
