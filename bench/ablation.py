@@ -101,6 +101,10 @@ RULE_CHECKS = {
     "forms.greetings": "short LoCoMo session openings read as greetings",
     "forms.labelled": "the hand-labelled forms of tests/test_compaction_forms.py",
     "corrections.marked": "bench/corrections.py cases: exactly the replaced statement marked (`mark_replaced`)",
+    "facts.invented_en": "LoCoMo turns with a speaker's name or a number changed: the fact guard refuses the changed "
+                         "text as a gist of the turn (`gist_problems`)",
+    "facts.invented_zh": "KdConv turns with an annotated entity or value changed to another of the same attribute: "
+                         "the fact guard refuses it",
 }
 
 MEASURES: tuple[Measure, ...] = (
@@ -271,6 +275,7 @@ def rules_checks(data: Path) -> dict[str, dict[str, int]]:
     from app.memory.compaction import forms
     from app.memory.compaction.record import mark_replaced, sentences, statement_lines, statement_sentences
     from app.memory.state import ThreadMessage
+    from app.memory.compaction.answer import gist_problems
     from bench.corrections import CASES, FILLER
     from chat_support.form_cases import LABELLED
 
@@ -316,7 +321,57 @@ def rules_checks(data: Path) -> dict[str, dict[str, int]]:
         found = {(line.turn, line.replaced_by) for line in mark_replaced(tuple(lines)) if line.replaced_by}
         marked.append(found == {(2, 5)})
     count("corrections.marked", marked)
+    en_cases, zh_cases = invented_fact_cases(locomo, kdconv)
+    count("facts.invented_en", (bool(gist_problems(gist, [source])) for source, gist in en_cases))
+    count("facts.invented_zh", (bool(gist_problems(gist, [source])) for source, gist in zh_cases))
     return out
+
+
+def invented_fact_cases(locomo: list, kdconv: list) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """``(turn, changed turn)`` pairs whose change invents a fact, built from the data alone (never from the
+    fact guard, so every group is measured on the same cases).
+
+    English: a LoCoMo turn naming one of its conversation's speakers gets the next conversation's speaker
+    instead; a turn with digits gets each run of digits plus 7.  Chinese: a KdConv turn holding an annotated
+    value or entity (its knowledge triples) gets another dialogue's value of the same attribute.
+    """
+    en: list[tuple[str, str]] = []
+    for index, conv in enumerate(locomo):
+        talk, other = conv["conversation"], locomo[(index + 1) % len(locomo)]["conversation"]
+        names = [(talk["speaker_a"], other["speaker_a"]), (talk["speaker_b"], other["speaker_b"])]
+        for session in _locomo_sessions(conv):
+            for turn in session:
+                text = turn["text"]
+                for name, replacement in names:
+                    if re.search(rf"\b{re.escape(name)}\b", text) and name != replacement:
+                        en.append((text, re.sub(rf"\b{re.escape(name)}\b", replacement, text)))
+                        break
+                if re.search(r"\d", text):
+                    en.append((text, re.sub(r"\d+", lambda m: str(int(m.group(0)) + 7), text)))
+    values: dict[str, list[str]] = {}
+    for conv in kdconv:
+        for message in conv["messages"]:
+            for attr in message.get("attrs") or []:
+                values.setdefault(attr["attrname"], []).append(str(attr["attrvalue"]))
+    zh: list[tuple[str, str]] = []
+    for conv_index, conv in enumerate(kdconv):
+        for message in conv["messages"]:
+            text = message["message"]
+            for attr in message.get("attrs") or []:
+                for old, pool in ((str(attr["attrvalue"]), values.get(attr["attrname"], [])),
+                                  (str(attr["name"]), [str(c["messages"][0].get("attrs", [{}])[0].get("name", ""))
+                                                       for c in kdconv if c["messages"][0].get("attrs")])):
+                    if len(old) < 2 or old not in text:
+                        continue
+                    new = next((v for v in pool[conv_index % max(len(pool), 1):] + pool
+                                if len(v) >= 2 and v not in text and old not in v), None)
+                    if new:
+                        zh.append((text, text.replace(old, new)))
+                        break
+                else:
+                    continue
+                break
+    return en, zh
 
 
 # ============================================================================================ running the measures

@@ -103,3 +103,18 @@ def test_the_subprocess_environment_switches_one_group_off(monkeypatch):
     monkeypatch.setenv(A.ENV_VAR, "correct")  # the caller's own setting never leaks into a measure
     assert A.ENV_VAR not in A.run_env(None)
     assert A.run_env("forms.greeting")[A.ENV_VAR] == "forms.greeting"
+
+
+def test_invented_fact_cases_come_from_the_data_not_from_the_guard():
+    locomo = [{"conversation": {"speaker_a": "Caroline", "speaker_b": "Mel", "session_1": [
+                  {"text": "Mel, I ran 5 km today."}, {"text": "Nice!"}]}},
+              {"conversation": {"speaker_a": "Jon", "speaker_b": "Gina", "session_1": [{"text": "Hi Jon."}]}}]
+    kdconv = [{"messages": [{"message": "它是2001年12月28日上映的。",
+                             "attrs": [{"attrname": "上映时间", "attrvalue": "2001年12月28日", "name": "我是山姆"}]}]},
+              {"messages": [{"message": "好的。", "attrs": [{"attrname": "上映时间", "attrvalue": "1962年08月28日",
+                                                           "name": "阿甘正传"}]}]}]
+    en, zh = A.invented_fact_cases(locomo, kdconv)
+    assert en == [("Mel, I ran 5 km today.", "Gina, I ran 5 km today."), ("Mel, I ran 5 km today.",
+                                                                        "Mel, I ran 12 km today."),
+                  ("Hi Jon.", "Hi Caroline.")]
+    assert zh == [("它是2001年12月28日上映的。", "它是1962年08月28日上映的。")]

@@ -603,3 +603,18 @@ def test_a_record_written_under_the_earlier_header_reads_the_same():
     old, new = read_record("Earlier turns, kept as notes:\n" + lines), read_record(HEADER + "\n" + lines)
     assert old == new and [line.kind for line in new.lines] == [PERSON, ASSISTANT]
     assert new.render() == HEADER + "\n" + lines
+
+
+def test_a_record_the_policy_could_not_fit_is_never_returned(monkeypatch):
+    """When fitting leaves the record over the summary limit (a step switched off by the ablation, or a bug), the
+    fold raises and writes nothing: the stored state would no longer validate (its summary over the limit)."""
+    import importlib
+
+    from app.memory.compaction.record import FitReport
+    compose_module = importlib.import_module("app.memory.compaction.compose")  # the module, not the function
+    limits = MemoryLimits(summary_max_chars=200)
+    state = thread(6, texts=planted)
+    assert len(compose(state, limits=limits).summary) <= 200  # the policy fits it
+    monkeypatch.setattr(compose_module, "fit_record", lambda record, **_: (record, FitReport()))
+    with pytest.raises(c.RecordOverLimit, match="characters after fitting; at most 200"):
+        compose(state, limits=limits, force=True)

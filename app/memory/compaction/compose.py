@@ -67,6 +67,11 @@ class FactGuardFailure(RuntimeError):
     """A guarded fact is missing from a composed result without the record policy having let it go (a bug)."""
 
 
+class RecordOverLimit(RuntimeError):
+    """The fitted record is still longer than the summary limit (a bug of the fitting policy, or one of its steps
+    switched off by a benchmark): never written, since the stored state would no longer validate."""
+
+
 @dataclass(frozen=True)
 class CompactionResult:
     """What a compaction writes, and its figures (for the history, the event and the log).
@@ -276,6 +281,9 @@ def compose(state: ThreadState, plan: CompactionPlan, answer: CompactionAnswer |
     if accidental:
         raise FactGuardFailure(f"{len(accidental)} guarded facts missing without the policy letting them go")
     kept = sum(1 for f in checked if fact_present(f, present))
+    if len(fitted.render()) > limits.summary_max_chars:
+        raise RecordOverLimit(f"the record has {len(fitted.render())} characters after fitting; "
+                              f"at most {limits.summary_max_chars}")
     return CompactionResult(
         record=fitted,
         notes=merged.notes,
