@@ -191,3 +191,11 @@ def test_the_clauses_after_an_asking_clause_belong_to_its_question():
     assert statement_sentences(asked) == []
     told_then_asked = "We moved the dinner to Tuesday, can you remind me then, around six?"
     assert forms.statement_clauses(told_then_asked) == ["We moved the dinner to Tuesday"]
+
+
+def test_the_asked_line_holds_what_was_asked_not_the_greeting_before_it():
+    from app.memory.compaction.record import ASKED, asked_line
+    line = asked_line((user("Hello! Can you help me keep track of a few things?"), answer("Of course.")), number=1)
+    assert (line.kind, line.turn, line.text) == (ASKED, 1, "Can you help me keep track of a few things?")
+    assert asked_line((user("你好！请介绍一下这个地方。"), answer("好的。"))).text == "请介绍一下这个地方。"
+    assert asked_line((user("Hi Mel!"), answer("Hi!"))).text == "Hi Mel!"  # nothing asked: the first sentence

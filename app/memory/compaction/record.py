@@ -230,11 +230,15 @@ def _facts_in(text: str) -> list[str]:
 
 
 def asked_line(turn: Sequence[ThreadMessage], number: int = 0) -> RecordLine | None:
-    """An ``Asked:`` line: the opening words of the person's message (for a turn that left no other line)."""
+    """An ``Asked:`` line: the opening words of what the person asked (the first sentence that asks or requests,
+    else the first sentence: "Hello! Can you help me?" gives "Can you help me?"), for a turn that left no other
+    line."""
     person = next((m for m in turn if m.role == "user"), None)
     if person is None:
         return None
-    first = cut_at_word((sentences(person.text) or [""])[0], ASKED_MAX_CHARS, mark="…", strip=_CUT_STRIP)
+    said = sentences(person.text)
+    asking = next((s for s in said if forms.sentence_form(s) in (forms.QUESTION, forms.REQUEST)), None)
+    first = cut_at_word(asking or (said or [""])[0], ASKED_MAX_CHARS, mark="…", strip=_CUT_STRIP)
     return RecordLine(ASKED, first, number) if first else None
 
 
