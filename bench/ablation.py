@@ -71,6 +71,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from chat_support.processes import stop_group
+
 ROOT = Path(__file__).resolve().parent.parent
 
 ENV_VAR = "MEMORY_RULES_OFF"
@@ -533,19 +535,8 @@ def start_model_server(log: Path, timeout: float = 300) -> tuple[subprocess.Pope
             return proc, f"http://127.0.0.1:{port}/v1", ""
         if not line and proc.poll() is not None:
             break
-    stop_process(proc)
+    stop_group(proc, timeout=60)
     return None, None, f"the bundled chat server did not start (see {log})"
-
-
-def stop_process(proc: subprocess.Popen | None) -> None:
-    if proc is None or proc.poll() is not None:
-        return
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(60)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
 
 
 def measure_group(group: str | None, sources, args, work: Path, url: str | None, why: str = "") -> dict:
@@ -740,7 +731,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if proxy is not None:
             proxy.stop()
-        stop_process(model)
+        if model is not None:
+            stop_group(model, timeout=60)
     locomo = logs / BASELINE / "locomo" / "locomo.json"
     conversations = json.loads(locomo.read_text())["conversations"] if locomo.is_file() else []
     rules = logs / BASELINE / "rules.json"

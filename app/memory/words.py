@@ -16,7 +16,7 @@ equal in (every word, function words included, in order; punctuation, case and l
 from __future__ import annotations
 
 import re
-from typing import Iterable, Sequence
+from typing import Iterable
 
 from app.memory import lexicon, segment
 from app.memory.text import CJK, fold
@@ -86,22 +86,16 @@ def token_set(text: str) -> frozenset[str]:
     return frozenset(tokens(text))
 
 
-def overlap(text: str | frozenset[str], sources: Iterable[str | frozenset[str]]) -> float:
+def overlap(text: str, sources: Iterable[str]) -> float:
     """Largest share (0.0-1.0) of ``text``'s distinct tokens found in one of ``sources`` (0.0 when ``text`` has
-    none).  Texts or token sets."""
-    own = text if isinstance(text, frozenset) else token_set(text)
+    none)."""
+    own = token_set(text)
     if not own:
         return 0.0
-    return max((len(own & (s if isinstance(s, frozenset) else token_set(s))) / len(own) for s in sources),
-               default=0.0)
+    return max((len(own & token_set(source)) / len(own) for source in sources), default=0.0)
 
 
 def key(text: str) -> str:
     """The form two texts compare equal in: every token, function words included, joined by spaces (a text
     without any, such as an emoji, compares as itself, folded)."""
     return " ".join(tokens(text, function_words=True)) or " ".join(fold(text).split())
-
-
-def keys(texts: Sequence[str]) -> list[str]:
-    """``key`` of each text."""
-    return [key(t) for t in texts]

@@ -117,6 +117,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Union
 from urllib.parse import parse_qs, urlsplit
 
+from chat_support import servers
+
 __all__ = [
     "DEFAULT_TEXT",
     "CutPlan",
@@ -1778,13 +1780,8 @@ class FakeLLMProcess:
         return self
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        if self.proc is not None:
+            servers.stop(self.proc, timeout=5)
         if self.proc is not None and self.proc.stdout is not None:
             self.proc.stdout.close()
 
