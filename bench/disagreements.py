@@ -5,6 +5,10 @@ Units, per group (each reading is this process's rules; ``MEMORY_RULES_OFF`` swi
 
 * ``forms.first_person``: a sentence (``record.sentences``) whose membership in ``statement_sentences`` changes;
   label: it says something worth remembering (a statement), not only thanks, a greeting or an acknowledgement.
+* ``forms.clauses``: a clause of a question or request (a piece of ``forms._CLAUSE_RE``'s split of one of
+  ``record.sentences``, not the last) whose membership in ``statement_sentences`` changes (via
+  ``forms.statement_clauses``); label: as it stands, a statement worth keeping in a chat memory (about the speaker,
+  someone or the world), not a fragment of a question or request, or a social phrase.
 * ``accept``: a text whose ``any(forms.accepts_answer(s) for s in sentences(text))`` changes; label: it accepts
   or agrees to take up what the other speaker offered just before.
 * ``decision``: a text whose ``facts.states_decision`` changes; label: it states the speaker's own decision,
@@ -18,7 +22,7 @@ units the rules read as labelled, on a dev and a held split.  ``--score`` prints
 each group off.
 
 Ids: LoCoMo ``locomo:<sample_id>:<dia_id>``, KdConv ``kdconv:<conversation index>:<message index>``, and
-``#<sentence index>`` after either for a sentence.  Split: LoCoMo's first three conversations and KdConv's
+``#<sentence index>`` after either for a sentence, ``#<sentence index>.<clause index>`` for a clause.  Split: LoCoMo's first three conversations and KdConv's
 even-indexed ones are dev, the rest held.
 
 Usage: ``python -m bench.disagreements --sample --out /tmp/labels`` and ``python -m bench.disagreements --score``.
@@ -39,8 +43,9 @@ from typing import Iterator
 
 ROOT = Path(__file__).resolve().parent.parent
 LABELS = ROOT / "bench" / "data" / "disagreement_labels.json"
-GROUPS = ("forms.first_person", "accept", "decision")
+GROUPS = ("forms.first_person", "forms.clauses", "accept", "decision")
 PER_GROUP = 60
+ALL = ("forms.clauses",)  # groups sampled whole (their set is small)
 SEED = 20261204
 
 
@@ -64,7 +69,8 @@ def turns(data: Path) -> Iterator[tuple[str, str, str, bool]]:
 
 
 def units(data: Path) -> dict[str, dict[str, dict]]:
-    """Per group, every unit: id -> {"text", "previous", "dev"} (sentences for ``forms.first_person``)."""
+    """Per group, every unit: id -> {"text", "previous", "dev"} (sentences for ``forms.first_person``, clauses for
+    ``forms.clauses``, with the whole turn as "context")."""
     from app.memory.compaction.record import sentences
 
     out: dict[str, dict[str, dict]] = {group: {} for group in GROUPS}
@@ -74,7 +80,17 @@ def units(data: Path) -> dict[str, dict[str, dict]]:
         for index, sentence in enumerate(sentences(text)):
             out["forms.first_person"][f"{key}#{index}"] = {"text": sentence, "context": text, "previous": previous,
                                                            "dev": dev}
+            for part, clause in enumerate(_clauses(sentence)[:-1]):
+                out["forms.clauses"][f"{key}#{index}.{part}"] = {"text": clause, "context": text,
+                                                                 "previous": previous, "dev": dev}
     return out
+
+
+def _clauses(sentence: str) -> list[str]:
+    """The clauses ``forms.statement_clauses`` reads, each bare (no trailing comma or semicolon)."""
+    from app.memory.compaction.forms import _CLAUSE_RE
+
+    return [c.strip().rstrip(",;，；").strip() for c in _CLAUSE_RE.split(sentence.strip()) if c and c.strip()]
 
 
 def reading(group: str, unit_id: str, text: str) -> bool:
@@ -85,6 +101,11 @@ def reading(group: str, unit_id: str, text: str) -> bool:
 
     if group == "forms.first_person":
         return sentences(text)[int(unit_id.rsplit("#", 1)[1])] in statement_sentences(text)
+    if group == "forms.clauses":
+        index, part = unit_id.rsplit("#", 1)[1].split(".")
+        sentence = sentences(text)[int(index)]
+        return (forms.sentence_form(sentence) in (forms.QUESTION, forms.REQUEST)
+                and _clauses(sentence)[int(part)] in forms.statement_clauses(sentence))
     if group == "accept":
         return any(forms.accepts_answer(s) for s in sentences(text))
     if group == "decision":
@@ -121,7 +142,7 @@ def sample(data: Path, out: Path, per_group: int = PER_GROUP, seed: int = SEED) 
             off = _run(group, data, Path(folder) / f"{group}.json")[group]
             changed = sorted(u for u, value in base[group].items() if off[u] != value)
             sizes[group] = len(changed)
-            picked = random.Random(f"{seed}:{group}").sample(changed, min(per_group, len(changed)))
+            picked = random.Random(f"{seed}:{group}").sample(changed, len(changed) if group in ALL else min(per_group, len(changed)))
             with (out / f"{group}.jsonl").open("w", encoding="utf-8") as handle:
                 for unit_id in picked:
                     unit = table[group][unit_id]
