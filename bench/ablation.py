@@ -99,14 +99,23 @@ RULE_CHECKS = {
     "forms.knowledge_kept": "KdConv turns with knowledge triples keep a statement",
     "forms.en_questions": "LoCoMo sentences ending in `?` read as questions (`sentence_form`)",
     "forms.zh_questions": "KdConv questions (`？`, `吗`) read as questions",
+    "forms.en_unmarked": "the same LoCoMo questions with the `?` dropped (as people type) read as questions",
+    "forms.zh_unmarked": "KdConv questions ending in `？` with the mark dropped read as questions",
     "forms.questions_not_whole": "no question of the data enters the record whole (unless it accepts)",
     "forms.greetings": "short LoCoMo session openings read as greetings",
     "forms.labelled": "the hand-labelled forms of tests/test_compaction_forms.py",
     "corrections.marked": "bench/corrections.py cases: exactly the replaced statement marked (`mark_replaced`)",
     "facts.invented_en": "LoCoMo turns with a speaker's name or a number changed: the fact guard refuses the changed "
                          "text as a gist of the turn (`gist_problems`)",
+    "facts.invented_dates_en": "LoCoMo turns with a month or weekday name changed (three months, two days on): "
+                               "the fact guard refuses them",
+    "facts.invented_ids_en": "LoCoMo turns with an acronym changed to the data's next acronym: the guard refuses "
+                             "them",
     "facts.invented_zh": "KdConv turns with an annotated entity or value changed to another of the same attribute: "
                          "the fact guard refuses it",
+    "facts.invented_dates_zh": "KdConv turns with a weekday or a month changed: the fact guard refuses them",
+    **{f"labels.{g}": f"the units `{g}` reads differently, hand-labelled blind (bench/disagreements.py): share read "
+                      "as labelled" for g in ("forms.clauses", "forms.first_person", "accept", "decision")},
 }
 
 MEASURES: tuple[Measure, ...] = (
@@ -118,8 +127,9 @@ MEASURES: tuple[Measure, ...] = (
     Measure("locomo.held", "LoCoMo evidence in prompt, held-out split", "LoCoMo held-out", "locomo", False),
     Measure("recall5.held", "LoCoMo session recall@5, held-out split", "R@5 held-out", "locomo", False),
     Measure("recall10.held", "LoCoMo session recall@10, held-out split", "R@10 held-out", "locomo", False),
-    *(Measure(key, label, "corr. marked" if key == "corrections.marked" else key.split(".", 1)[1].replace("_", " "),
-              "rules") for key, label in RULE_CHECKS.items()),
+    *(Measure(key, label, "corr. marked" if key == "corrections.marked"
+              else "labels " + key.rsplit(".", 1)[1].replace("_", " ") if key.startswith("labels.")
+              else key.split(".", 1)[1].replace("_", " "), "rules") for key, label in RULE_CHECKS.items()),
     Measure("corrections.answered", "corrections answered by the bundled model, current rendering "
             "(bench/corrections.py)", "corr. answered", "corrections"),
 )
@@ -278,6 +288,7 @@ def rules_checks(data: Path) -> dict[str, dict[str, int]]:
     from app.memory.compaction.record import mark_replaced, sentences, statement_lines, statement_sentences
     from app.memory.state import ThreadMessage
     from app.memory.compaction.answer import gist_problems
+    from bench import disagreements
     from bench.corrections import CASES, FILLER
     from chat_support.form_cases import LABELLED
 
@@ -304,6 +315,9 @@ def rules_checks(data: Path) -> dict[str, dict[str, int]]:
     zh_questions = [s for s in chinese if s.endswith(("？", "?")) or re.search(r"吗[。]?$", s)]
     count("forms.en_questions", (forms.sentence_form(s) == forms.QUESTION for s in en_questions))
     count("forms.zh_questions", (forms.sentence_form(s) == forms.QUESTION for s in zh_questions))
+    count("forms.en_unmarked", (forms.sentence_form(s[:-1].rstrip()) == forms.QUESTION for s in en_questions))
+    count("forms.zh_unmarked", (forms.sentence_form(s[:-1].rstrip()) == forms.QUESTION for s in zh_questions
+                                if s.endswith(("？", "?"))))
     count("forms.questions_not_whole", (s not in statement_sentences(s) or forms.accepts_answer(s)
                                         for s in en_questions + zh_questions))
     openings = [sentences(session[0]["text"])[0] for conv in locomo for session in _locomo_sessions(conv)]
@@ -326,6 +340,12 @@ def rules_checks(data: Path) -> dict[str, dict[str, int]]:
     en_cases, zh_cases = invented_fact_cases(locomo, kdconv)
     count("facts.invented_en", (bool(gist_problems(gist, [source])) for source, gist in en_cases))
     count("facts.invented_zh", (bool(gist_problems(gist, [source])) for source, gist in zh_cases))
+    for key, cases in invented_kind_cases(locomo, kdconv).items():
+        count(key, (bool(gist_problems(gist, [source])) for source, gist in cases))
+    labels = json.loads(disagreements.LABELS.read_text(encoding="utf-8"))
+    for group, splits in disagreements.score(data, labels).items():
+        out[f"labels.{group}"] = {"passed": sum(r for r, _ in splits.values()),
+                                  "checked": sum(n for _, n in splits.values())}
     return out
 
 
@@ -374,6 +394,52 @@ def invented_fact_cases(locomo: list, kdconv: list) -> tuple[list[tuple[str, str
                     continue
                 break
     return en, zh
+
+
+MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
+          "November", "December")
+WEEKDAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
+ZH_WEEKDAYS = "一二三四五六日"
+
+
+def invented_kind_cases(locomo: list, kdconv: list) -> dict[str, list[tuple[str, str]]]:
+    """``{rule check: [(turn, changed turn)]}`` for the fact kinds that carry no digits, built from the data
+    alone like ``invented_fact_cases``: a date written with words (English month or weekday names, Chinese
+    weekdays and months) and an acronym.
+
+    The first such name of a turn is changed everywhere in it: a month three months on, a weekday two days on,
+    an acronym to the next of the data's acronyms (sorted).  An acronym is an all-capital word of two or more
+    letters whose lower-case form never occurs in the data as a word ("OK", "IT" and "LOL" are words there).
+    """
+    texts = [t["text"] for conv in locomo for session in _locomo_sessions(conv) for t in session]
+    lower = {w for text in texts for w in re.findall(r"[a-z]+", text)}
+    acronyms = sorted({w for text in texts for w in re.findall(r"\b[A-Z]{2,}\b", text) if w.lower() not in lower})
+    dates_en: list[tuple[str, str]] = []
+    ids_en: list[tuple[str, str]] = []
+    for text in texts:
+        found = re.search(rf"\b({'|'.join(MONTHS + WEEKDAYS)})\b", text)
+        if found:
+            name = found.group(1)
+            names, step = (MONTHS, 3) if name in MONTHS else (WEEKDAYS, 2)
+            new = names[(names.index(name) + step) % len(names)]
+            dates_en.append((text, re.sub(rf"\b{name}\b", new, text)))
+        found = next((m for m in re.finditer(r"\b[A-Z]{2,}\b", text) if m.group(0) in acronyms), None)
+        if found and len(acronyms) > 1:
+            name = found.group(0)
+            new = acronyms[(acronyms.index(name) + 1) % len(acronyms)]
+            ids_en.append((text, re.sub(rf"\b{name}\b", new, text)))
+    dates_zh: list[tuple[str, str]] = []
+    for conv in kdconv:
+        for message in conv["messages"]:
+            text = message["message"]
+            weekday = re.search(r"(星期|周|礼拜)([一二三四五六日天])", text)
+            month = re.search(r"(?<!\d)(\d{1,2})月", text)
+            if weekday:
+                day = ZH_WEEKDAYS.index(weekday.group(2)) if weekday.group(2) in ZH_WEEKDAYS else 6
+                dates_zh.append((text, text.replace(weekday.group(0), weekday.group(1) + ZH_WEEKDAYS[(day + 2) % 7])))
+            elif month and 1 <= int(month.group(1)) <= 12:
+                dates_zh.append((text, text.replace(month.group(0), f"{int(month.group(1)) % 12 + 1}月", 1)))
+    return {"facts.invented_dates_en": dates_en, "facts.invented_ids_en": ids_en, "facts.invented_dates_zh": dates_zh}
 
 
 # ============================================================================================ running the measures

@@ -374,7 +374,7 @@ FOLDED = (message("u1", "user", "We decided to move the launch to Friday and we 
     ("200", "bare value"),
     ("UTC", "bare value"),
     ("What is a database index?", "question"),
-    ("HTTP 401 means unauthorized, always check the token.", "not grounded"),
+    ("HTTP 401 means unauthorized, we decided to check the token.", "not grounded"),
     ("The launch is on Friday and the mobile app is nice.", "not a decision"),
     ("We decided to move the launch to Friday 13 March.", "fact not in the person's words"),
     ("我们决定把数据库迁移推迟到5月9日，负责人是王芳。", "fact not in the person's words"),

@@ -276,16 +276,15 @@ def zh_acknowledgement() -> re.Pattern[str]:
 
 @cache
 def accept_pattern() -> re.Pattern[str]:
-    """An English sentence that accepts or points at what the assistant offered ("let's go with the second
-    one", "that works", "I like that name")."""
+    """An English sentence that points at what the assistant offered ("let's go with the second one", "that
+    works", "I like the name")."""
     def a(key: str, extra: Iterable[str] = ()) -> str:
         return alternation([*words("en", "accept", key), *extra])
     ordinals = [w for w in ordinal_words() if w.isalpha()]
     the = [f"the {w}" for w in ordinals]
     verdict_subjects = [*the, *(f"{t} one" for t in the), *(f"{t} option" for t in the)]
     return build(
-        rf"\b{a('subjects')} {a('verbs')}\b"
-        rf"|\b{a('pointing_verbs')} {a('pointers', the)}\b"
+        rf"\b{a('pointing_verbs')} {a('pointers', the)}\b"
         rf"|^\W*(?:{a('verdict_openers')}\W+)*{a('verdict_subjects', verdict_subjects)} (?:one )?{a('verdicts')}\b"
         rf"|\b{a('likes')} {a('liked', the)}\b", re.I)
 

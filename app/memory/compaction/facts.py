@@ -1,7 +1,7 @@
 """The fact guard: the names, numbers, dates, identifiers and decisions a compaction must keep.
 
 ``extract_facts`` reads English and Chinese.  Latin-script facts come from
-regular expressions (URLs, e-mail addresses, ISO/written/numeric dates, clock
+regular expressions (ISO/written/numeric dates, weekdays, clock
 times, backticked code, identifiers such as ``INC-4471`` or ``eu-west-2``,
 code names, acronyms, numbers with their unit, capitalized names).  Chinese
 facts come from regular expressions for dates, times and numbers with units or
@@ -65,9 +65,14 @@ _DECISION_ZH = lexicon.cue("zh", "decisions")
 _ZH_PREFERENCE = lexicon.zh_preference()
 
 
+_SENTENCE_END_RE = re.compile(r"(?<=[.!?。！？])\s*")
+
+
 def states_decision(text: str) -> bool:
-    """True when ``text`` decides, rules out, prefers or commits to something (English or Chinese cues)."""
-    return bool(_DECISION_EN.search(text) or _DECISION_ZH.search(text) or _ZH_PREFERENCE.search(text))
+    """True when a sentence of ``text`` that does not ask (no final ``?``/``？``) decides, rules out, prefers or
+    commits to something (English or Chinese cues)."""
+    return any(_DECISION_EN.search(s) or _DECISION_ZH.search(s) or _ZH_PREFERENCE.search(s)
+               for s in _SENTENCE_END_RE.split(text) if not s.rstrip().endswith(("?", "？")))
 
 
 # ------------------------------------------------------------------------------------------ extraction

@@ -17,8 +17,8 @@ keep (README: How memory works).  ``sentence_form`` names the form of one senten
   ``用一句话回答``);
 - ``statement``: everything else: what the record keeps, whatever its words.
 
-The cues are *form words* (interrogatives, particles, salutations, reply verbs and
-pronouns), never words of a topic: replacing a sentence's names, numbers, dates or nouns
+The cues are *form words* (interrogatives, particles, salutations and reply verbs),
+never words of a topic: replacing a sentence's names, numbers, dates or nouns
 by others never changes its form (tests/test_compaction_forms.py checks it on LoCoMo and
 KdConv sentences).  A question that opens with a statement clause ("I moved to Berlin
 last week, do you know a good cafe?") keeps that clause (``statement_clauses``).
@@ -37,6 +37,7 @@ import re
 import cn2an
 
 from app.memory import lexicon
+from app.memory.compaction.facts import extract_facts
 from app.memory.text import CJK_RE
 
 STATEMENT = "statement"
@@ -56,8 +57,6 @@ SHORT_CJK = 8
 _WORD_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9'’-]*")
 
 # The cues are data (app/memory/data/en.toml, zh.toml), built into patterns by ``lexicon``.
-_FIRST_PERSON_RE = lexicon.cue("en", "first_person")
-_ZH_FIRST_PERSON_RE = lexicon.cue("zh", "first_person")
 
 # --- English -------------------------------------------------------------------------------------
 _GREETING_RE = lexicon.cue("en", "greetings", at="start")
@@ -71,7 +70,6 @@ _REQUEST_RE = lexicon.request_pattern()
 _POLITE_ASK_RE = lexicon.cue("en", "request_politeness", "asks", at="start")
 _REPLY_WORDS_RE = lexicon.cue("en", "reply_words")
 _REPLY_ONLY_RE = lexicon.reply_only_pattern()
-_FOR_ME_RE = lexicon.cue("en", "reply_words", "for_me")
 
 # --- Chinese -------------------------------------------------------------------------------------
 _ZH_QUESTION_END_RE = lexicon.cue("zh", "questions", "particles", at="end")
@@ -109,8 +107,15 @@ def _short(sentence: str) -> bool:
     return _plain_len(sentence) <= (SHORT_CJK if CJK_RE.search(sentence) else SHORT_WORDS)
 
 
-def _first_person(sentence: str) -> bool:
-    return bool(_FIRST_PERSON_RE.search(sentence) or _ZH_FIRST_PERSON_RE.search(sentence))
+def _tells_a_fact(sentence: str) -> bool:
+    """True when a short sentence holds a fact past its opening words and a name it addresses ("Hi, I'm Lin
+    Wei.", "Thanks, I moved to Berlin."): then it is no mere greeting, thanks or acknowledgement."""
+    rest = _VOCATIVE_END_RE.sub("", _VOCATIVE_LEAD_RE.sub("", sentence, count=1), count=1)
+    return bool(extract_facts(rest))
+
+
+_VOCATIVE_LEAD_RE = re.compile(r"^\W*\w+[\s,!.]*(?:[A-Z][a-z]+\b[\s,!.]*)?")  # "Hey Jon, " / "Thanks, "
+_VOCATIVE_END_RE = re.compile(r",\s*[A-Z][a-z]+[\s!.~…]*$")  # ", Mel."
 
 
 def is_question(sentence: str) -> bool:
@@ -143,9 +148,9 @@ def sentence_form(sentence: str) -> str:
     if cjk:
         if _ZH_REQUEST_RE.search(text):
             return REQUEST
-        if _ZH_REPLY_RE.search(text) and _plain_len(text) <= 16 and not _first_person(text.replace("给我", "")):
+        if _ZH_REPLY_RE.search(text) and _plain_len(text) <= 16:
             return INSTRUCTION
-        if _short(text) and not _first_person(text):
+        if _short(text) and not _tells_a_fact(text):
             if _ZH_THANKS_RE.search(text):
                 return THANKS
             if _ZH_GREETING_RE.search(text):
@@ -155,12 +160,11 @@ def sentence_form(sentence: str) -> str:
         return STATEMENT
     if _REQUEST_RE.search(text):
         return REQUEST
-    if _POLITE_ASK_RE.search(text) and _REPLY_WORDS_RE.search(text) is None and not _first_person(text):
+    if _POLITE_ASK_RE.search(text) and _REPLY_WORDS_RE.search(text) is None:
         return REQUEST  # "Could you go through the steps again."
-    if _REPLY_WORDS_RE.search(text) and _REPLY_ONLY_RE.search(text) and _plain_len(text) <= 10 \
-            and not _FIRST_PERSON_RE.search(_FOR_ME_RE.sub("", text)):
+    if _REPLY_WORDS_RE.search(text) and _REPLY_ONLY_RE.search(text) and _plain_len(text) <= 10:
         return INSTRUCTION
-    if _short(text) and not _first_person(text):
+    if _short(text) and not _tells_a_fact(text):
         if _THANKS_RE.search(text):
             return THANKS
         if _GREETING_RE.search(text):
