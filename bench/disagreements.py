@@ -9,8 +9,8 @@ Units, per group (each reading is this process's rules; ``MEMORY_RULES_OFF`` swi
   ``record.sentences``, not the last) whose membership in ``statement_sentences`` changes (via
   ``forms.statement_clauses``); label: as it stands, a statement worth keeping in a chat memory (about the speaker,
   someone or the world), not a fragment of a question or request, or a social phrase.
-* ``accept``: a text whose ``any(forms.accepts_answer(s) for s in sentences(text))`` changes; label: it accepts
-  or agrees to take up what the other speaker offered just before.
+* ``accept`` (removed since): a text whose reading as accepting an answer changed; label: it accepts or agrees to
+  take up what the other speaker offered just before.
 * ``decision``: a text whose ``facts.states_decision`` changes; label: it states the speaker's own decision,
   firm preference, commitment or ruling-out.
 
@@ -107,7 +107,7 @@ def reading(group: str, unit_id: str, text: str) -> bool:
         return (forms.sentence_form(sentence) in (forms.QUESTION, forms.REQUEST)
                 and _clauses(sentence)[int(part)] in forms.statement_clauses(sentence))
     if group == "accept":
-        return any(forms.accepts_answer(s) for s in sentences(text))
+        return False  # removed after these labels (docs/ablation.md: Decisions): nothing reads acceptance now
     if group == "decision":
         return states_decision(text)
     raise ValueError(f"unknown group {group}")
@@ -131,6 +131,14 @@ def _run(group: str | None, data: Path, path: Path) -> dict[str, dict[str, bool]
     return json.loads(path.read_text(encoding="utf-8"))
 
 
+def live_groups() -> list[str]:
+    """The labelled groups that still exist (``forms.first_person`` and ``accept`` were removed after their labels:
+    their labels stay, the evidence of that decision, and score with the rules as they are now)."""
+    from app.memory.lexicon import GROUPS as existing
+
+    return [group for group in GROUPS if group in existing]
+
+
 def sample(data: Path, out: Path, per_group: int = PER_GROUP, seed: int = SEED) -> dict[str, int]:
     """Writes ``out/<group>.jsonl`` (id, text, previous; no reading), shuffled; returns each group's set size."""
     table = units(data)
@@ -138,7 +146,7 @@ def sample(data: Path, out: Path, per_group: int = PER_GROUP, seed: int = SEED) 
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as folder:
         base = _run(None, data, Path(folder) / "on.json")
-        for group in GROUPS:
+        for group in live_groups():
             off = _run(group, data, Path(folder) / f"{group}.json")[group]
             changed = sorted(u for u, value in base[group].items() if off[u] != value)
             sizes[group] = len(changed)
@@ -189,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         print(sample(args.data, args.out))
     elif args.score:
         with tempfile.TemporaryDirectory() as folder:
-            for off in (None, *GROUPS):
+            for off in (None, *live_groups()):
                 env = {k: v for k, v in os.environ.items() if k != "MEMORY_RULES_OFF"}
                 if off:
                     env["MEMORY_RULES_OFF"] = off

@@ -38,7 +38,7 @@ def read_all(data: Path) -> dict[str, dict]:
     for text in texts:
         parts = sentences(text)
         out[text] = {"kept": statement_sentences(text), "facts": extract_facts(text),
-                     "decision": states_decision(text), "accept": sum(map(forms.accepts_answer, parts)),
+                     "decision": states_decision(text),
                      "correct": sum(map(forms.corrects, parts))}
     return out
 

@@ -17,7 +17,7 @@ import pytest
 
 from app.memory.compaction import forms
 from app.memory.compaction.facts import extract_facts
-from app.memory.compaction.record import PERSON, TOLD, sentences, statement_lines, statement_sentences
+from app.memory.compaction.record import PERSON, sentences, statement_lines, statement_sentences
 from app.memory.state import ThreadMessage
 from chat_support.form_cases import LABELLED
 from tests.helpers.public_data import public_data
@@ -136,7 +136,7 @@ def test_questions_of_the_data_are_questions_in_both_languages():
     assert all(forms.sentence_form(s) == forms.QUESTION for s in chinese)
     # no question of the data enters the record whole (its statement clauses may)
     for s in english + chinese:
-        assert s not in statement_sentences(s) or forms.accepts_answer(s), s
+        assert s not in statement_sentences(s), s
 
 
 def test_a_question_keeps_its_statement_clause():
@@ -164,24 +164,15 @@ def test_forms_the_data_has_few_of(sentence, form):
     assert forms.sentence_form(sentence) == form
 
 
-def test_what_the_person_accepted_is_kept_with_their_line():
-    proposal = "How about calling it “Lumen”? It is short and bright."
+def test_a_sentence_that_points_at_an_answer_is_kept_as_the_persons_own_line():
+    """The person's words stand; no sentence of the answer is copied beside them (the acceptance cues were
+    removed: docs/ablation.md, Decisions), and a question that points stays a question."""
     turn = (user("Ok, let's use that name.", "u2"), answer("Great, Lumen it is.", "a2"))
-    lines = statement_lines(turn, number=2, previous_answer=proposal)
-    assert [(line.kind, line.turn, line.text) for line in lines] == [
-        (TOLD, 2, "How about calling it “Lumen”?"), (PERSON, 2, "Ok, let's use that name.")]
-    listed = "Three options:\n1. Redis\n2. Postgres with a read replica\n3. SQLite"
-    lines = statement_lines((user("Go with the second option."), answer("Done.")), number=5, previous_answer=listed)
-    assert [(line.kind, line.text) for line in lines][0] == (TOLD, "Postgres with a read replica")
-    zh = "我想到两个名字。第一个是星河。第二个是晨光。"
-    lines = statement_lines((user("就用第二个吧。"), answer("好的。")), number=3, previous_answer=zh)
-    assert [(line.kind, line.text) for line in lines] == [(TOLD, "第二个是晨光。"), (PERSON, "就用第二个吧。")]
-    # without the answer before, the turn's own answer (which names what was chosen) is read
-    lines = statement_lines((user("就用这个。"), answer("好的，项目名定为晨光。")), number=4)
-    assert lines[0].kind == TOLD and "晨光" in lines[0].text
-    # a sentence that accepts nothing keeps no answer sentence
-    assert [line.kind for line in statement_lines((user("I went hiking."), answer("Nice!")), previous_answer=zh)] \
-        == [PERSON]
+    assert [(line.kind, line.turn, line.text) for line in statement_lines(turn, number=2)] == [
+        (PERSON, 2, "Ok, let's use that name.")]
+    lines = statement_lines((user("就用第二个吧。"), answer("好的。")), number=3)
+    assert [(line.kind, line.text) for line in lines] == [(PERSON, "就用第二个吧。")]
+    assert statement_lines((user("Shall we go with the second option?"), answer("Yes.")), number=4) == []
 
 
 def test_the_clauses_after_an_asking_clause_belong_to_its_question():

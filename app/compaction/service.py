@@ -99,7 +99,6 @@ class Prepared:
     state: ThreadState
     plan: CompactionPlan
     hard_cap: int
-    preceding_answer: str = ""
 
     @property
     def at_hard_cap(self) -> bool:
@@ -145,9 +144,7 @@ def prepare(services: Services, thread_id: str) -> Prepared | None:
                                   fixed_prompt_tokens=domain.fixed_prompt_tokens(settings.limits, services.counter))
     if plan is None:
         return None
-    preceding = archived_turns(services.store, thread_id, newest=1) if state.folded_turns else []
-    return Prepared(thread_id, state, plan, domain.hard_cap_messages(settings.limits),
-                    preceding[-1].answer if preceding else "")
+    return Prepared(thread_id, state, plan, domain.hard_cap_messages(settings.limits))
 
 
 def _compose(services: Services, prepared: Prepared, answer: CompactionAnswer | None, *, force: bool = False,
@@ -155,7 +152,7 @@ def _compose(services: Services, prepared: Prepared, answer: CompactionAnswer | 
     settings = services.settings
     return domain.compose(prepared.state, prepared.plan, answer, limits=settings.limits, counter=services.counter,
                           prompt_budget=settings.prompt_budget, force=force,
-                          preceding_answer=prepared.preceding_answer, require_gain=require_gain)
+                          require_gain=require_gain)
 
 
 def _ask(services: Services, messages: list[dict], deadline: float, max_gist_chars: int,

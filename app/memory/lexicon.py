@@ -113,14 +113,6 @@ def word_set(language: str, section: str, key: str = "words") -> frozenset[str]:
     return frozenset(e.lower() for e in entries) if language == "en" else frozenset(entries)
 
 
-def mapping(language: str, section: str) -> dict[str, int]:
-    """A table of numbers, such as ``[ordinals]`` (empty when its group is switched off)."""
-    entry = table(language)[section]
-    if not on(entry["group"]):
-        return {}
-    return {k: v for k, v in entry.items() if isinstance(v, int)}
-
-
 # --------------------------------------------------------------------------------------------- patterns
 
 
@@ -220,17 +212,6 @@ def cue(language: str, section: str, key: str = "words", at: str = "anywhere") -
     return build(body)
 
 
-def ordinal_words(language: str = "en") -> dict[str, int]:
-    """English ordinal words and their positions (``{"first": 1, …, "last": -1}``; ``[ordinals]``)."""
-    return mapping(language, "ordinals")
-
-
-@cache
-def ordinal_pattern() -> re.Pattern[str]:
-    """An English ordinal word (group 1: the word as written)."""
-    return build(rf"\b({alternation(ordinal_words())})\b", re.I)
-
-
 @cache
 def request_pattern() -> re.Pattern[str]:
     """An English request: fillers, a polite frame, then a verb that asks for an answer ("ok, could you
@@ -272,21 +253,6 @@ def zh_acknowledgement() -> re.Pattern[str]:
     ack = zh_alternation(words("zh", "acknowledgements"))
     particle = zh_alternation(words("zh", "acknowledgements", "particles"))
     return build(rf"^(?:[\W\s]*{ack}(?:{particle})*)+[\W\s]*$")
-
-
-@cache
-def accept_pattern() -> re.Pattern[str]:
-    """An English sentence that points at what the assistant offered ("let's go with the second one", "that
-    works", "I like the name")."""
-    def a(key: str, extra: Iterable[str] = ()) -> str:
-        return alternation([*words("en", "accept", key), *extra])
-    ordinals = [w for w in ordinal_words() if w.isalpha()]
-    the = [f"the {w}" for w in ordinals]
-    verdict_subjects = [*the, *(f"{t} one" for t in the), *(f"{t} option" for t in the)]
-    return build(
-        rf"\b{a('pointing_verbs')} {a('pointers', the)}\b"
-        rf"|^\W*(?:{a('verdict_openers')}\W+)*{a('verdict_subjects', verdict_subjects)} (?:one )?{a('verdicts')}\b"
-        rf"|\b{a('likes')} {a('liked', the)}\b", re.I)
 
 
 @cache

@@ -185,7 +185,7 @@ def messages_cost(messages: Iterable[ThreadMessage], counter: TokenCounter) -> i
 
 def compose(state: ThreadState, plan: CompactionPlan, answer: CompactionAnswer | None, *, limits,
             counter: TokenCounter, prompt_budget: int, force: bool = False,
-            preceding_answer: str = "", require_gain: bool = True) -> CompactionResult:
+            require_gain: bool = True) -> CompactionResult:
     """Build what a compaction writes (see the module docstring).
 
     Args:
@@ -196,8 +196,6 @@ def compose(state: ThreadState, plan: CompactionPlan, answer: CompactionAnswer |
         counter: the model's token counter.
         prompt_budget: tokens a prompt may use.
         force: at the hard cap: satisfy the gain rule by the fitting policy instead of refusing.
-        preceding_answer: the assistant's text of the turn folded just before these (what a first folded
-            turn that accepts an answer points at; "" when not known).
         require_gain: False for the worker's fold (README: A compaction): no gain rule, the turns are
             folded even when that frees little (the archive keeps every word); the record still fits
             its own character and token limits.
@@ -228,9 +226,8 @@ def compose(state: ThreadState, plan: CompactionPlan, answer: CompactionAnswer |
     new_lines: list[RecordLine] = [about] if about is not None and _line_key(about) not in seen else []
     turns = group_turns(plan.folded)
     numbers = number_turns(turns, state.folded_turns, state.forgotten_turns)
-    previous = preceding_answer
     for turn, number in zip(turns, numbers):
-        lines = [line for line in statement_lines(turn, known, number=number, previous_answer=previous)
+        lines = [line for line in statement_lines(turn, known, number=number)
                  if _line_key(line) not in seen]
         if not lines and answer is None:  # without the model's gist, say at least what was asked
             asked = asked_line(turn, number)
@@ -238,7 +235,6 @@ def compose(state: ThreadState, plan: CompactionPlan, answer: CompactionAnswer |
         seen.update(_line_key(line) for line in lines)  # a statement repeated word for word is kept once
         new_lines.extend(lines)
         known.extend(facts_of(line.text for line in lines))
-        previous = "\n".join(m.text for m in turn if m.role == "assistant")
     last_turn = numbers[-1] if numbers else state.folded_turns
     first_turn = old.first_turn if old.lines else (numbers[0] if numbers else 1)
     record = Record(first_turn or 1, max(last_turn, old.last_turn), mark_replaced(old.lines + tuple(new_lines)))

@@ -23,9 +23,6 @@ by others never changes its form (tests/test_compaction_forms.py checks it on Lo
 KdConv sentences).  A question that opens with a statement clause ("I moved to Berlin
 last week, do you know a good cafe?") keeps that clause (``statement_clauses``).
 
-``accepts_answer`` tells a sentence that accepts or points at something the assistant
-said ("ok, let's use that name", "go with the second option", ``就用这个``): the record
-then keeps the answer's sentence holding what was accepted beside it (``record``).
 ``corrects`` tells a sentence that changes something said before ("moved to",
 "actually", ``改到``, ``更正``).
 """
@@ -33,8 +30,6 @@ then keeps the answer's sentence holding what was accepted beside it (``record``
 from __future__ import annotations
 
 import re
-
-import cn2an
 
 from app.memory import lexicon
 from app.memory.compaction.facts import extract_facts
@@ -81,12 +76,7 @@ _ZH_THANKS_RE = lexicon.cue("zh", "thanks", at="start")
 _ZH_ACK_RE = lexicon.zh_acknowledgement()
 _ZH_REPLY_RE = lexicon.cue("zh", "reply_instructions")
 
-# --- accepting an answer, correcting -------------------------------------------------------------
-_ORDINAL_EN = lexicon.ordinal_words()
-_ORDINAL_EN_RE = lexicon.ordinal_pattern()
-_ACCEPT_EN_RE = lexicon.accept_pattern()
-_ACCEPT_ZH_RE = lexicon.cue("zh", "accept")
-_ZH_LAST_RE = lexicon.cue("zh", "accept", "last")
+# --- correcting -----------------------------------------------------------------------------------
 _CORRECTION_EN_RE = lexicon.cue("en", "corrections")
 _CORRECTION_ZH_RE = lexicon.cue("zh", "corrections")
 
@@ -140,8 +130,6 @@ def sentence_form(sentence: str) -> str:
     text = sentence.strip()
     if not _has_word(text):
         return ACKNOWLEDGEMENT
-    if accepts_answer(text):
-        return STATEMENT  # it points at what was told: kept, with the answer's sentence (record.told_line)
     if is_question(text):
         return QUESTION
     cjk = bool(CJK_RE.search(text))
@@ -211,40 +199,6 @@ def statement_clauses(sentence: str) -> list[str]:
         if sentence_form(bare) == STATEMENT and _plain_len(bare) >= 3:
             kept.append(bare)
     return kept
-
-
-def accepts_answer(sentence: str) -> bool:
-    """True when ``sentence`` accepts or points at something the assistant said (English or Chinese)."""
-    return bool(_ACCEPT_EN_RE.search(sentence) or _ACCEPT_ZH_RE.search(sentence)) and not sentence.rstrip().endswith(
-        ("?", "？"))
-
-
-def ordinal_reference(sentence: str) -> int | None:
-    """The item a sentence points at ("the second option": 2, "the last one": -1, ``第三个``: 3), or None."""
-    match = _ORDINAL_EN_RE.search(sentence)
-    if match:
-        return _ORDINAL_EN[match.group(1).lower()]
-    match = _NUMBERED_RE.search(sentence)
-    if match:
-        number = match.group(1) or match.group(2)
-        try:
-            return int(number) if number.isdigit() else int(cn2an.cn2an(number, "smart"))
-        except ValueError:  # not a numeral cn2an reads (十十)
-            return None
-    if _ZH_LAST_RE.search(sentence):
-        return -1
-    return None
-
-
-_NUMBERED_RE = re.compile(r"\b(?:option|number|#) ?(\d)\b|第([一二两三四五六七八九十]{1,3}|\d+)", re.I)
-
-
-def names_ordinal(text: str, ordinal: int) -> bool:
-    """True when ``text`` itself names the ``ordinal``-th item ("The second option is …", ``第二个是…``)."""
-    english = [word for word, value in _ORDINAL_EN.items() if value == ordinal]
-    chinese = "最后" if ordinal == -1 else "第" + cn2an.an2cn(ordinal) if ordinal > 0 else ""
-    lowered = text.lower()
-    return any(word in lowered for word in english) or bool(chinese and chinese in text)
 
 
 def corrects(sentence: str) -> bool:

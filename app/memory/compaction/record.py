@@ -24,9 +24,6 @@ Each compaction **appends** the lines of the turns it folds (``statement_lines``
   acknowledgement, or an instruction about the current reply only (``forms``; no list
   of fact words decides it); a question that opens with a statement clause keeps that
   clause;
-- when the person accepts or points at something the assistant said ("ok, let's use
-  that name", "go with the second option", ``就用这个``), the sentence of that answer
-  holding what was accepted, as a ``Told`` line before the person's (``told_line``);
 - for a turn in which the person asked something, the one answer sentence that adds
   the most facts the person did not give (``Assistant``);
 - when the model wrote one, a short ``About:`` line, else an ``Asked:`` line with the
@@ -70,7 +67,6 @@ from app.memory.cache import ByteCache, text_bytes
 from app.memory.compaction import forms
 from app.memory.compaction.facts import extract_facts, fact_present, states_decision
 from app.memory import lexicon
-from app.memory.words import token_set
 from app.memory.words import tokens as tokenize
 from app.memory.record import (ABOUT, ASKED, ASSISTANT, HEADER, LABELS, PERSON, TEXT, TOLD,  # noqa: F401 (re-exported)
                                Record, RecordLine)
@@ -88,21 +84,18 @@ LINE_MAX_CHARS = 400
 """Longest line kept from one message; a longer sentence is cut at a word edge (the archive keeps it whole)."""
 JOIN_MAX_CHARS = 240
 """Sentences of one message are joined into one line while the line stays this short."""
-TOLD_MAX_CHARS = 240
-"""Longest ``Told:`` line (the answer's sentence holding what the person accepted)."""
 SHORT_LINE_CHARS = 120
 """A line cut when the record needs room keeps at most about this many characters."""
 ASSISTANT_LINES_PER_TURN = 1
 """Sentences kept from the answer to a turn in which the person asked something (the one that adds the most
 facts the person did not give): a small model's answers restate or invent much, and the person's own words
-are what memory must keep.  The answer to a turn that only told something keeps no sentence (except what the
-person accepted: ``told_line``)."""
+are what memory must keep.  The answer to a turn that only told something keeps no sentence (a ``Told:`` line
+of an older record, what the person accepted, is still read and kept)."""
 REPLACED_SHARE = 0.5
 """A correction marks an earlier line replaced only when at least this share of the earlier line's content
 units (and at least one) are in the correction: both speak of the same subject."""
 _CLAUSE_SPLIT_RE = re.compile(r"(?<=[,;:，；：、])\s*")
 _MARKDOWN_RE = re.compile(r"^\s*(?:[-*•>]+|\d+[.)]|#+)\s+|\*\*|__")
-_ITEM_RE = re.compile(r"^\s*(?:[-*•]|\d+[.)、]|[一二三四五六七八九十]+[、.])\s*")
 
 
 # ------------------------------------------------------------------------------------------ sentences
@@ -247,8 +240,8 @@ def _cut(sentence: str, max_chars: int) -> str:
     return cut_at_word(sentence, max_chars, mark=" …", strip=_CUT_STRIP)
 
 
-def statement_lines(turn: Sequence[ThreadMessage], known_facts: Iterable[str] = (), *, number: int = 0,
-                    previous_answer: str = "") -> list[RecordLine]:
+def statement_lines(turn: Sequence[ThreadMessage], known_facts: Iterable[str] = (), *,
+                    number: int = 0) -> list[RecordLine]:
     """The record lines of one whole turn (see the module docstring).
 
     Args:
@@ -256,27 +249,21 @@ def statement_lines(turn: Sequence[ThreadMessage], known_facts: Iterable[str] = 
         known_facts: facts memory already holds; an answer's sentence is kept only when it
             adds facts that are neither there nor in the person's message.
         number: the turn's number (0: not known).
-        previous_answer: the assistant's text in the turn before (what an accepting sentence points at;
-            "" when not known: the turn's own answer is read instead).
 
     Returns:
-        a ``told`` line when the person accepted something the assistant said; ``person`` lines (the
+        ``person`` lines (the
         person's sentences kept by form, joined into one line while they fit ``JOIN_MAX_CHARS``); then,
         when the person asked something or stated nothing, up to ``ASSISTANT_LINES_PER_TURN``
         ``assistant`` lines.
     """
     lines: list[RecordLine] = []
     covered = set(known_facts)
-    answer_text = "\n".join(m.text for m in turn if m.role == "assistant")
     for message in turn:
         if message.role != "user":
             continue
         pieces = statement_sentences(message.text)
         for sentence in sentences(message.text):
             covered.update(_facts_in(sentence))  # what the person named is nothing an answer adds
-        told = told_line(message.text, previous_answer, answer_text, number)
-        if told is not None:
-            lines.append(told)
         lines.extend(RecordLine(PERSON, text, number) for text in _join([_cut(p, LINE_MAX_CHARS) for p in pieces]))
     if any(line.kind == PERSON for line in lines) and not asks(turn):
         # The person told something and asked nothing: the answer acknowledges or restates it, and a small
@@ -294,50 +281,6 @@ def statement_lines(turn: Sequence[ThreadMessage], known_facts: Iterable[str] = 
     chosen = sorted(sorted(candidates, key=lambda c: (-c[0], c[1]))[:ASSISTANT_LINES_PER_TURN], key=lambda c: c[1])
     lines.extend(RecordLine(ASSISTANT, text, number) for _, _, text in chosen)
     return lines
-
-
-def _answer_items(text: str) -> list[str]:
-    """An answer's items: its list items when it has a list, else its sentences."""
-    plain = FENCED_CODE_RE.sub(" ", text)
-    items = [_ITEM_RE.sub("", line).strip() for line in plain.split("\n") if _ITEM_RE.match(line)]
-    items = [item.replace("**", "").replace("__", "") for item in items if item]
-    return items if len(items) >= 2 else sentences(plain)
-
-
-def _is_list(text: str) -> bool:
-    return sum(1 for line in text.split("\n") if _ITEM_RE.match(line)) >= 2
-
-
-def told_line(person_text: str, previous_answer: str, own_answer: str, number: int = 0) -> RecordLine | None:
-    """The answer's sentence holding what the person accepted, as a ``told`` line; None when the person's
-    message accepts nothing (``forms.accepts_answer``) or no answer is known.
-
-    The sentence is taken from ``previous_answer`` (what the person replies to), else from ``own_answer``:
-    the item the person points at by order ("the second option", ``第二个``: the answer's list item, or the
-    sentence that names that place, "The second one is …"), else the sentence sharing the
-    most content units with the person's message and the turn's own answer (which usually confirms what was
-    chosen), else the answer's first sentence.
-    """
-    accepting = [s for s in sentences(person_text) if forms.accepts_answer(s)]
-    if not accepting:
-        return None
-    source = previous_answer.strip() or own_answer.strip()
-    items = _answer_items(source) if source else []
-    if not items:
-        return None
-    ordinal = next((o for o in map(forms.ordinal_reference, accepting) if o is not None), None)
-    listed = items is not None and _is_list(source)
-    naming = [item for item in items if ordinal is not None and forms.names_ordinal(item, ordinal)]
-    if ordinal is not None and listed and -len(items) <= (ordinal - 1 if ordinal > 0 else ordinal) < len(items):
-        chosen = items[ordinal - 1 if ordinal > 0 else ordinal]
-    elif naming:
-        chosen = naming[0]
-    else:
-        wanted = token_set(person_text + "\n" + (own_answer if previous_answer.strip() else ""))
-        scored = [(len(token_set(item) & wanted), -index, item) for index, item in enumerate(items)]
-        best = max(scored)
-        chosen = best[2] if best[0] > 0 else next((i for i in items if any(q in i for q in "\"“「《'‘")), items[0])
-    return RecordLine(TOLD, _cut(" ".join(chosen.split()), TOLD_MAX_CHARS), number)
 
 
 def asks(turn: Sequence[ThreadMessage]) -> bool:
