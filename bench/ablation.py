@@ -101,6 +101,7 @@ RULE_CHECKS = {
     "forms.zh_questions": "KdConv questions (`？`, `吗`) read as questions",
     "forms.en_unmarked": "the same LoCoMo questions with the `?` dropped (as people type) read as questions",
     "forms.zh_unmarked": "KdConv questions ending in `？` with the mark dropped read as questions",
+    "forms.en_unmarked_statements": "LoCoMo statements with their final `.`/`!` dropped are not read as questions",
     "forms.questions_not_whole": "no question of the data enters the record whole",
     "forms.greetings": "short LoCoMo session openings read as greetings",
     "forms.labelled": "the hand-labelled forms of tests/test_compaction_forms.py",
@@ -316,6 +317,8 @@ def rules_checks(data: Path) -> dict[str, dict[str, int]]:
     count("forms.en_questions", (forms.sentence_form(s) == forms.QUESTION for s in en_questions))
     count("forms.zh_questions", (forms.sentence_form(s) == forms.QUESTION for s in zh_questions))
     count("forms.en_unmarked", (forms.sentence_form(s[:-1].rstrip()) == forms.QUESTION for s in en_questions))
+    count("forms.en_unmarked_statements", (not forms.is_question(s[:-1].rstrip()) for s in english
+                                           if s.endswith((".", "!"))))
     count("forms.zh_unmarked", (forms.sentence_form(s[:-1].rstrip()) == forms.QUESTION for s in zh_questions
                                 if s.endswith(("？", "?"))))
     count("forms.questions_not_whole", (s not in statement_sentences(s) for s in en_questions + zh_questions))

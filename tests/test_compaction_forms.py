@@ -175,6 +175,20 @@ def test_a_sentence_that_points_at_an_answer_is_kept_as_the_persons_own_line():
     assert statement_lines((user("Shall we go with the second option?"), answer("Yes.")), number=4) == []
 
 
+@pytest.mark.parametrize("sentence, form", [
+    ("where do I live", forms.QUESTION),
+    ("what time is the meeting", forms.QUESTION),
+    ("is Anna coming tomorrow", forms.QUESTION),
+    ("Can you write it again", forms.REQUEST),
+    ("where do I live.", forms.STATEMENT),  # the person's own full stop wins
+    ("When I was younger we moved to Lyon", forms.STATEMENT),  # an interrogative that opens a clause
+    ("Can't wait to see it", forms.STATEMENT),
+    ("Do your research first", forms.STATEMENT),
+])
+def test_an_english_question_typed_without_its_mark_is_a_question(sentence, form):
+    assert forms.sentence_form(sentence) == form
+
+
 def test_the_clauses_after_an_asking_clause_belong_to_its_question():
     asked = ("Could you help me plan a relaxed weekend away with a few friends, with some ideas about where to go, "
              "what to see and how much walking is reasonable?")

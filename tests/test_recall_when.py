@@ -20,6 +20,12 @@ from app.settings import BUNDLED_RECALL_MAX_TOKENS, Settings
     ("My sister arrives on Friday.", False),
     ("我妹妹周五到。", False),
     ("Thanks!", False),
+    # typed without the mark (docs/ablation.md: en unmarked)
+    ("what's the name of my hotel", True),
+    ("where do I live", True),
+    ("你记得我住在哪吗", True),
+    ("Have fun at the hotel", False),
+    ("When I was young we lived in Lyon", False),
 ])
 def test_a_message_asks_when_one_of_its_sentences_is_a_question_or_a_request(text, asks):
     assert asks_something(text) is asks

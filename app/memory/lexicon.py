@@ -213,6 +213,28 @@ def cue(language: str, section: str, key: str = "words", at: str = "anywhere") -
 
 
 @cache
+def ask_start_pattern() -> re.Pattern[str]:
+    """An English clause that opens as a question does: an interrogative, an auxiliary, "any…" (``[ask_openers]``)."""
+    openers = [*words("en", "ask_openers", "interrogatives"), *words("en", "ask_openers", "auxiliaries"),
+               *words("en", "ask_openers")]
+    return build(rf"^\W*{alternation(openers)}\b", re.I)
+
+
+@cache
+def unmarked_question_pattern() -> re.Pattern[str]:
+    """An English question typed without its mark: an interrogative then an auxiliary ("where do …", "what
+    time is …"), a contracted interrogative ("what's …"), or an auxiliary then its subject ("do you …", "is
+    Anna …"); never an interrogative that opens a clause ("when I was young")."""
+    interrogatives = words("en", "ask_openers", "interrogatives")
+    wh = alternation(interrogatives)
+    contracted = alternation(w for w in interrogatives if w.endswith("'s"))
+    aux = alternation(words("en", "ask_openers", "auxiliaries"))
+    subjects = alternation(words("en", "ask_openers", "subjects"))
+    return build(rf"^\W*(?:(?i:{wh}(?:\s+(?!{subjects}\b)\w+)?\s+{aux}\b|{contracted}\b|{aux}\s+{subjects}\b)"
+                 rf"|(?i:{aux})\s+[A-Z][a-z]+\b)")
+
+
+@cache
 def request_pattern() -> re.Pattern[str]:
     """An English request: fillers, a polite frame, then a verb that asks for an answer ("ok, could you
     please explain …")."""

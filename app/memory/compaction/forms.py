@@ -60,7 +60,8 @@ _ACK_RE = lexicon.cue("en", "interjections", at="start")
 _LEADING_ACK_RE = lexicon.leading_interjections()
 _VOCATIVE_RE = re.compile(r"^(?:[\s,!.~…]*\b[A-Z][a-z]+\b)+[\s,!.~…]*$")
 _DEICTIC_EVAL_RE = lexicon.evaluation_pattern()
-_ASK_START_RE = lexicon.cue("en", "ask_openers", at="start")
+_ASK_START_RE = lexicon.ask_start_pattern()
+_UNMARKED_QUESTION_RE = lexicon.unmarked_question_pattern()
 _REQUEST_RE = lexicon.request_pattern()
 _POLITE_ASK_RE = lexicon.cue("en", "request_politeness", "asks", at="start")
 _REPLY_WORDS_RE = lexicon.cue("en", "reply_words")
@@ -109,13 +110,14 @@ _VOCATIVE_END_RE = re.compile(r",\s*[A-Z][a-z]+[\s!.~…]*$")  # ", Mel."
 
 
 def is_question(sentence: str) -> bool:
-    """True when ``sentence`` asks (``?``/``？``; Chinese question particles or an interrogative with ``啊``)."""
+    """True when ``sentence`` asks: ``?``/``？``; Chinese question particles or an interrogative with ``啊``; an
+    English question typed without its mark ("where do I live") when no ``.``/``!`` ends it."""
     text = sentence.rstrip()
     if text.endswith(("?", "？")):
         return True
     if CJK_RE.search(text):
         return bool(_ZH_QUESTION_END_RE.search(text) or (_ZH_ASKS_RE.search(text) and _ZH_ASK_END_RE.search(text)))
-    return False
+    return not text.endswith((".", "!", "…")) and bool(_UNMARKED_QUESTION_RE.search(text))
 
 
 def sentence_form(sentence: str) -> str:
@@ -130,9 +132,9 @@ def sentence_form(sentence: str) -> str:
     text = sentence.strip()
     if not _has_word(text):
         return ACKNOWLEDGEMENT
-    if is_question(text):
-        return QUESTION
     cjk = bool(CJK_RE.search(text))
+    if (cjk or text.endswith(("?", "？"))) and is_question(text):
+        return QUESTION
     if cjk:
         if _ZH_REQUEST_RE.search(text):
             return REQUEST
@@ -152,6 +154,8 @@ def sentence_form(sentence: str) -> str:
         return REQUEST  # "Could you go through the steps again."
     if _REPLY_WORDS_RE.search(text) and _REPLY_ONLY_RE.search(text) and _plain_len(text) <= 10:
         return INSTRUCTION
+    if is_question(text):
+        return QUESTION  # typed without its mark ("where do I live")
     if _short(text) and not _tells_a_fact(text):
         if _THANKS_RE.search(text):
             return THANKS
