@@ -101,6 +101,7 @@ RULE_CHECKS = {
     "forms.zh_questions": "KdConv questions (`？`, `吗`) read as questions",
     "forms.en_unmarked": "the same LoCoMo questions with the `?` dropped (as people type) read as questions",
     "forms.zh_unmarked": "KdConv questions ending in `？` with the mark dropped read as questions",
+    "forms.zh_unmarked_asks": "the same questions make the turn look in the archive (`may_ask`: recall runs)",
     "forms.en_unmarked_statements": "LoCoMo statements with their final `.`/`!` dropped are not read as questions",
     "forms.questions_not_whole": "no question of the data enters the record whole",
     "forms.greetings": "short LoCoMo session openings read as greetings",
@@ -321,6 +322,7 @@ def rules_checks(data: Path) -> dict[str, dict[str, int]]:
                                            if s.endswith((".", "!"))))
     count("forms.zh_unmarked", (forms.sentence_form(s[:-1].rstrip()) == forms.QUESTION for s in zh_questions
                                 if s.endswith(("？", "?"))))
+    count("forms.zh_unmarked_asks", (forms.may_ask(s[:-1].rstrip()) for s in zh_questions if s.endswith(("？", "?"))))
     count("forms.questions_not_whole", (s not in statement_sentences(s) for s in en_questions + zh_questions))
     openings = [sentences(session[0]["text"])[0] for conv in locomo for session in _locomo_sessions(conv)]
     count("forms.greetings", (forms.sentence_form(s) == forms.GREETING for s in openings

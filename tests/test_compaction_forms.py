@@ -189,6 +189,12 @@ def test_an_english_question_typed_without_its_mark_is_a_question(sentence, form
     assert forms.sentence_form(sentence) == form
 
 
+def test_a_chinese_interrogative_looks_in_the_archive_but_never_drops_the_sentence():
+    assert forms.may_ask("我叫什么名字") and forms.sentence_form("我叫什么名字") == forms.STATEMENT
+    assert forms.may_ask("我想买几本书。") and statement_sentences("我想买几本书。") == ["我想买几本书。"]
+    assert not forms.may_ask("我们决定把发布推迟到4月2日。")
+
+
 def test_the_clauses_after_an_asking_clause_belong_to_its_question():
     asked = ("Could you help me plan a relaxed weekend away with a few friends, with some ideas about where to go, "
              "what to see and how much walking is reasonable?")

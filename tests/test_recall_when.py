@@ -24,6 +24,8 @@ from app.settings import BUNDLED_RECALL_MAX_TOKENS, Settings
     ("what's the name of my hotel", True),
     ("where do I live", True),
     ("你记得我住在哪吗", True),
+    ("我的发布推迟到哪天了", True),  # an interrogative: recall runs, the record still keeps such a sentence
+    ("whats my name", True),
     ("Have fun at the hotel", False),
     ("When I was young we lived in Lyon", False),
 ])

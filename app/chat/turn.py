@@ -49,9 +49,9 @@ log = logging.getLogger(__name__)
 
 
 def asks_something(text: str) -> bool:
-    """True when one of ``text``'s sentences asks or requests something (``forms.sentence_form``: question or
-    request), English or Chinese.  Linear in ``text`` (``record.sentences`` splits in bounded windows)."""
-    return any(forms.sentence_form(s) in (forms.QUESTION, forms.REQUEST) for s in sentences(text))
+    """True when one of ``text``'s sentences may ask or request something (``forms.may_ask``), English or
+    Chinese.  Linear in ``text`` (``record.sentences`` splits in bounded windows)."""
+    return any(forms.may_ask(s) for s in sentences(text))
 
 STREAMING, COMMITTING, FINISHED = "streaming", "committing", "finished"
 T = TypeVar("T")

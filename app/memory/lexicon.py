@@ -227,7 +227,7 @@ def unmarked_question_pattern() -> re.Pattern[str]:
     Anna …"); never an interrogative that opens a clause ("when I was young")."""
     interrogatives = words("en", "ask_openers", "interrogatives")
     wh = alternation(interrogatives)
-    contracted = alternation(w for w in interrogatives if w.endswith("'s"))
+    contracted = alternation(words("en", "ask_openers", "contracted"))
     aux = alternation(words("en", "ask_openers", "auxiliaries"))
     subjects = alternation(words("en", "ask_openers", "subjects"))
     return build(rf"^\W*(?:(?i:{wh}(?:\s+(?!{subjects}\b)\w+)?\s+{aux}\b|{contracted}\b|{aux}\s+{subjects}\b)"

@@ -120,6 +120,14 @@ def is_question(sentence: str) -> bool:
     return not text.endswith((".", "!", "…")) and bool(_UNMARKED_QUESTION_RE.search(text))
 
 
+def may_ask(sentence: str) -> bool:
+    """True when ``sentence`` asks or requests (``sentence_form``), or is Chinese holding an interrogative
+    ("我叫什么名字", typed without ``？``): enough to look in the archive, never enough to leave the sentence out of
+    the record (an interrogative also says "some", "several": "我想买几本书")."""
+    return sentence_form(sentence) in (QUESTION, REQUEST) or bool(CJK_RE.search(sentence)
+                                                                  and _ZH_ASKS_RE.search(sentence))
+
+
 def sentence_form(sentence: str) -> str:
     """The form of one sentence: one of ``FORMS`` (see the module docstring).
 
