@@ -8,6 +8,8 @@ fact guard and the gain rule).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings as hsettings, strategies as st
 
@@ -618,3 +620,21 @@ def test_a_record_the_policy_could_not_fit_is_never_returned(monkeypatch):
     monkeypatch.setattr(compose_module, "fit_record", lambda record, **_: (record, FitReport()))
     with pytest.raises(c.RecordOverLimit, match="characters after fitting; at most 200"):
         compose(state, limits=limits, force=True)
+
+
+def test_composing_turns_again_adds_no_second_answer_line_for_a_turn_already_written():
+    """A refinement composes folded turns once more (app/compaction/service.py: refine_plan); what memory knows
+    has grown meanwhile, so another sentence of the same answer may add "new" facts: it is not appended."""
+    answer = "Redis listens on port 6379. PostgreSQL listens on port 5432."
+    first = thread(6, texts=lambda n: ("Which ports do the databases use?", answer) if n == 1 else
+                   (f"What about question number {n}?", LONG_ANSWER))
+    record = compose(first).record
+    [written] = [line for line in record.lines if line.kind == ASSISTANT]
+    assert written.text == "PostgreSQL listens on port 5432."
+    kept = first.messages[2:]
+    plan = c.CompactionPlan(folded=first.messages[:2], kept=kept, folded_turns=1, kept_turns=len(kept) // 2,
+                            expected_gen=first.gen, version=first.version, message_token_limit=1000)
+    known = replace(record, lines=record.lines + (RecordLine(PERSON, "PostgreSQL listens on port 5432.", 2),))
+    base = replace(first, messages=kept, record=known, folded_turns=0)
+    again = c.compose(base, plan, None, limits=LIMITS, counter=COUNTER, prompt_budget=BUDGET, require_gain=False)
+    assert [line for line in again.record.lines if line.kind == ASSISTANT] == [written]

@@ -226,9 +226,12 @@ def compose(state: ThreadState, plan: CompactionPlan, answer: CompactionAnswer |
     new_lines: list[RecordLine] = [about] if about is not None and _line_key(about) not in seen else []
     turns = group_turns(plan.folded)
     numbers = number_turns(turns, state.folded_turns, state.forgotten_turns)
+    # A refinement composes turns the folds already wrote: their answer sentence was chosen then (with what memory
+    # knew then), so another sentence of the same answer is not added at the record's end.
+    answered = {line.turn for line in old.lines if line.kind == ASSISTANT and line.turn}
     for turn, number in zip(turns, numbers):
         lines = [line for line in statement_lines(turn, known, number=number)
-                 if _line_key(line) not in seen]
+                 if _line_key(line) not in seen and not (line.kind == ASSISTANT and number in answered)]
         if not lines and answer is None:  # without the model's gist, say at least what was asked
             asked = asked_line(turn, number)
             lines = [asked] if asked is not None and _line_key(asked) not in seen else []
