@@ -28,7 +28,7 @@ def test_every_list_names_its_group_and_source():
     for script in ("latin", "zh"):
         for kind, entry in lexicon.table("facts")[script].items():
             assert entry["group"].startswith("facts."), kind
-    assert len(lexicon.GROUPS) == len(set(lexicon.GROUPS)) == 24
+    assert len(lexicon.GROUPS) == len(set(lexicon.GROUPS)) == 21
 
 
 @pytest.mark.parametrize(("language", "section", "form"), [

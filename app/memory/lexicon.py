@@ -32,8 +32,7 @@ from app.memory.text import CJK
 
 DATA = Path(__file__).with_name("data")
 
-POLICY_STEPS = ("policy.about", "policy.replaced", "policy.shorten", "policy.redundant", "policy.assistant",
-                "policy.text", "policy.person")
+POLICY_STEPS = ("policy.about", "policy.shorten", "policy.assistant", "policy.person")
 """The steps of the record's fitting policy (``compaction.record.fit_record``), in the order it tries them."""
 
 

@@ -43,12 +43,13 @@ makes room by a fixed policy, oldest and least referenced first, down to
 dropping anything, and reports every line and fact it had to let go:
 
 1. ``Asked:`` and ``About:`` lines, oldest first;
-2. lines a later line replaced, oldest first;
-3. long lines are cut to ``SHORT_LINE_CHARS`` (the clauses that carry their facts first);
-4. lines whose facts all appear in another line (and that decide nothing);
-5. ``Assistant:`` and ``Told:`` lines, least referenced first, then oldest;
-6. lines of an earlier free-text summary, oldest first;
-7. ``Person:`` lines, least referenced first, then oldest.
+2. long lines are cut to ``SHORT_LINE_CHARS`` (the clauses that carry their facts first);
+3. ``Assistant:`` lines (and an older record's ``Told:`` and free-text lines), least referenced first, then
+   oldest;
+4. ``Person:`` lines, least referenced first, then oldest.
+
+Each step earns its place under a tight limit (docs/ablation.md: the fitting policy's steps); a line a
+correction replaced and a line whose facts stand elsewhere go with their kind.
 
 "Referenced" counts how many of a line's retrieval tokens (``app.memory.words.tokens``: words,
 identifiers and numbers, Chinese words) appear in the rest of memory (other lines, notes, pins and the turns kept verbatim).  Every folded turn
@@ -351,8 +352,7 @@ class FitReport:
         dropped_lines: how many lines were removed.
         shortened_lines: how many lines were cut to their facts.
         dropped_facts: facts that are in no remaining line any more (let go by the policy).
-        steps: the policy steps used, in order (``about``, ``replaced``, ``shorten``, ``redundant``,
-            ``assistant``, ``text``, ``person``).
+        steps: the policy steps used, in order (``about``, ``shorten``, ``assistant``, ``person``).
     """
 
     dropped_lines: int = 0
@@ -426,8 +426,6 @@ def fit_record(record: Record, *, max_chars: int, max_tokens: int, counter: Toke
 
     if drop_where("about", lambda line: line.kind in (ABOUT, ASKED)):
         return _done(record, lines, dropped, shortened, steps, original_facts)
-    if drop_where("replaced", lambda line: bool(line.replaced_by)):
-        return _done(record, lines, dropped, shortened, steps, original_facts)
     for i, line in enumerate(lines if lexicon.on("policy.shorten") else ()):
         if fits():
             break
@@ -441,21 +439,10 @@ def fit_record(record: Record, *, max_chars: int, max_tokens: int, counter: Toke
     if fits():
         return _done(record, lines, dropped, shortened, steps, original_facts)
 
-    def redundant(line: RecordLine) -> bool:
-        facts = _facts_in(line.text)
-        if not facts or states_decision(line.text) and line.kind == PERSON:
-            return False
-        others = "\n".join(o.text for o in lines if o is not line)
-        return all(fact_present(f, others) for f in facts)
-
     age = {id(line): index for index, line in enumerate(lines)}
-    for step, kind, order in (
-            ("redundant", None, None),
-            ("assistant", (ASSISTANT, TOLD), lambda line: (references(line), age.get(id(line), 0))),
-            ("text", (TEXT,), None),
-            ("person", (PERSON,), lambda line: (references(line), age.get(id(line), 0)))):
-        predicate = redundant if kind is None else (lambda line, k=kind: line.kind in k)
-        if drop_where(step, predicate, order):
+    for step, kinds in (("assistant", (ASSISTANT, TOLD, TEXT)), ("person", (PERSON,))):
+        if drop_where(step, lambda line, k=kinds: line.kind in k,
+                      lambda line: (references(line), age.get(id(line), 0))):
             break
     return _done(record, lines, dropped, shortened, steps, original_facts)
 
