@@ -1,11 +1,11 @@
 """What one rule group changes on the public data: texts whose kept statements change, facts the guard no longer
-reads, texts read differently as decisions, acceptances or corrections (docs/ablation.md: Decisions).
+reads, texts read differently as decisions or corrections (docs/ablation.md: Decisions).
 
 The ablation's measures say what a group *earns*; this says what it *does*, on every LoCoMo turn and KdConv
 message (10,221 texts), so a group no measure can see is not mistaken for one that does nothing.  Each group is
 switched off in a subprocess (``MEMORY_RULES_OFF``, app/memory/lexicon.py) and compared with the baseline.
 
-Usage: ``python -m bench.rule_changes --data ../shared/data --groups forms.question,accept [--json PATH]``.
+Usage: ``python -m bench.rule_changes --data ../shared/data --groups forms.question,decision [--json PATH]``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def read_all(data: Path) -> dict[str, dict]:
-    """Per text: kept statements, facts, and the decision / acceptance / correction readings (this process's
+    """Per text: kept statements, facts, and the decision / correction readings (this process's
     rules)."""
     from app.memory.compaction import forms
     from app.memory.compaction.facts import extract_facts, states_decision
@@ -51,7 +51,6 @@ def compare(base: dict[str, dict], other: dict[str, dict]) -> dict[str, int]:
         "kept_lost": sum(len(set(base[t]["kept"]) - set(other[t]["kept"])) for t in base),
         "facts_lost": sum(len(set(base[t]["facts"]) - set(other[t]["facts"])) for t in base),
         "decision_changed": sum(base[t]["decision"] != other[t]["decision"] for t in base),
-        "accept_changed": sum(base[t]["accept"] != other[t]["accept"] for t in base),
         "correct_changed": sum(base[t]["correct"] != other[t]["correct"] for t in base),
     }
 
