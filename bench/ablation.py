@@ -71,6 +71,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from bench.rule_changes import rules_env
 from chat_support.processes import stop_group
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -451,10 +452,7 @@ def invented_kind_cases(locomo: list, kdconv: list) -> dict[str, list[tuple[str,
 
 def run_env(group: str | None) -> dict[str, str]:
     """This process's environment with ``MEMORY_RULES_OFF`` set to ``group`` (removed for the baseline)."""
-    env = dict(os.environ)
-    env.pop(ENV_VAR, None)
-    if group:
-        env[ENV_VAR] = group
+    env = rules_env(group)
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
 

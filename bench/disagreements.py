@@ -32,14 +32,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import re
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Iterator
+
+from bench.rule_changes import read_with
 
 ROOT = Path(__file__).resolve().parent.parent
 LABELS = ROOT / "bench" / "data" / "disagreement_labels.json"
@@ -123,12 +123,7 @@ def read_all(data: Path) -> dict[str, dict[str, bool]]:
 
 
 def _run(group: str | None, data: Path, path: Path) -> dict[str, dict[str, bool]]:
-    env = {k: v for k, v in os.environ.items() if k != "MEMORY_RULES_OFF"}
-    if group:
-        env["MEMORY_RULES_OFF"] = group
-    subprocess.run([sys.executable, "-m", "bench.disagreements", "--read", str(path), "--data", str(data)],
-                   cwd=ROOT, env=env, check=True)
-    return json.loads(path.read_text(encoding="utf-8"))
+    return read_with(group, "bench.disagreements", "--read", path, "--data", str(data))
 
 
 def live_groups() -> list[str]:
@@ -198,13 +193,9 @@ def main(argv: list[str] | None = None) -> int:
     elif args.score:
         with tempfile.TemporaryDirectory() as folder:
             for off in (None, *live_groups()):
-                env = {k: v for k, v in os.environ.items() if k != "MEMORY_RULES_OFF"}
-                if off:
-                    env["MEMORY_RULES_OFF"] = off
-                path = Path(folder) / "score.json"
-                subprocess.run([sys.executable, "-m", "bench.disagreements", "--score-json", str(path), "--data",
-                                str(args.data), "--labels", str(args.labels)], cwd=ROOT, env=env, check=True)
-                print(f"off={off or '-'}", json.loads(path.read_text(encoding="utf-8")), flush=True)
+                scores = read_with(off, "bench.disagreements", "--score-json", Path(folder) / "score.json", "--data",
+                                   str(args.data), "--labels", str(args.labels))
+                print(f"off={off or '-'}", scores, flush=True)
     else:
         parser.error("give --sample or --score")
     return 0

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -55,13 +56,27 @@ def compare(base: dict[str, dict], other: dict[str, dict]) -> dict[str, int]:
     }
 
 
-def _run(group: str | None, data: Path, path: Path) -> dict[str, dict]:
+def rules_env(group: str | None) -> dict[str, str]:
+    """This process's environment with ``MEMORY_RULES_OFF`` set to ``group`` (removed when None)."""
     env = {k: v for k, v in os.environ.items() if k != "MEMORY_RULES_OFF"}
     if group:
         env["MEMORY_RULES_OFF"] = group
-    subprocess.run([sys.executable, "-m", "bench.rule_changes", "--read", str(path), "--data", str(data)],
-                   cwd=ROOT, env=env, check=True)
+    return env
+
+
+def read_with(group: str | None, module: str, flag: str, path: Path, *args: str) -> Any:
+    """Run ``python -m module flag path *args`` with ``group`` switched off (``rules_env``) and return the JSON it
+    wrote to ``path``.
+
+    Raises:
+        subprocess.CalledProcessError: the subprocess failed.
+    """
+    subprocess.run([sys.executable, "-m", module, flag, str(path), *args], cwd=ROOT, env=rules_env(group), check=True)
     return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _run(group: str | None, data: Path, path: Path) -> dict[str, dict]:
+    return read_with(group, "bench.rule_changes", "--read", path, "--data", str(data))
 
 
 def main(argv: list[str] | None = None) -> int:
