@@ -24,6 +24,7 @@ from tenacity import RetryError, Retrying, retry_if_exception, stop_after_attemp
 
 from app.llm.cache_key import cache_headers
 from app.llm.provider import LLMError, make_openai_client, map_error
+from app.llm.sampling import answer_options
 from app.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -413,7 +414,7 @@ class LLMClient:
             raise LLMError("llm_unavailable", "The turn was cancelled.", "cancelled", False)
         stats.attempts += 1
         # The answer may use at most RESERVED_OUTPUT_TOKENS: the prompt was assembled to leave exactly that room.
-        extra = {"max_tokens": self.settings.reserved_output_tokens, **extra}
+        extra = {**answer_options(self.settings), **extra}
         # The prompt (and tools) go as extra_body, the SDK's own way to send JSON as given: its per-request
         # transformation of typed parameters walks every message and tool schema (about half of a turn's
         # CPU in bench/ws_load.py) and changes nothing in these plain JSON values.  The body is the same.
