@@ -17,7 +17,8 @@ visible after that turn's fold:
 
 A text is shown only when its hash matches what was sent.  Otherwise the entry says why
 instead (``text`` is null and ``note`` explains): rewritten since (a refinement, a pin or a
-forget), no longer in memory, or never kept (a failed or cancelled turn's input is not written).
+forget), folded into the summary and no longer in the archive, no longer in memory, or never
+kept (a failed or cancelled turn's input is not written).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from app.memory.state import ThreadState
 from app.memory.status import writes_memory
 from app.observability.accounting import content_sha
 
+NOTE_FOLDED = "Folded into the summary since this turn."
 NOTE_CHANGED = "Changed since this turn (by a refinement, a pin or a forget)."
 NOTE_NOT_KEPT = "Not kept in memory: this turn was not written."
 NOTE_SYSTEM_CHANGED = "The system prompt has changed since this turn."
@@ -132,8 +134,12 @@ def resolve_prompt(record: dict, state: ThreadState, system_prompt: str, archive
         else:  # recent, folded, input
             if i in texts:
                 candidates = [texts[i]]
-            note = NOTE_NOT_KEPT if origin == "input" and not written else (
-                NOTE_CHANGED if (entry.get("ref") or "") in by_id else NOTE_CLEARED)
+            if origin == "input" and not written:
+                note = NOTE_NOT_KEPT
+            elif (entry.get("ref") or "") in by_id:
+                note = NOTE_CHANGED
+            else:  # in neither the thread nor the archive (capped, or not read)
+                note = NOTE_FOLDED if state.summary else NOTE_CLEARED
         found = next((c for c in candidates if _matches(entry, c)), None)
         if found is not None:
             item["text"] = found
