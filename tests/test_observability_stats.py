@@ -207,24 +207,24 @@ def test_inspector_shows_what_the_model_saw_for_the_last_turn(chat, fake_llm, st
     assert find_forbidden_key(data) is None
 
 
-def test_inspector_says_when_a_message_was_folded_or_not_kept(chat, fake_llm, store):
+def test_inspector_shows_messages_folded_since_and_says_when_one_was_not_kept(chat, fake_llm, store):
     thread_id = chat.thread()["threadId"]
     seed_memory(store, thread_id, turns=2)
     fake_llm.default = Reply(text="Sure.")
     assert chat.turn("third question")[-1]["status"] == "completed"
-    # fold the two oldest turns, as a compaction would
+    received = fake_llm.last_request().messages
+    # fold the two oldest turns, as a compaction would: the archive keeps them word for word
     state = store.load(thread_id)
     assert store.apply_compaction(thread_id, expected_gen=state.gen, folded_ids=[m.id for m in state.messages[:4]],
                                   record=text_record("Two questions were asked."), notes=[],
                                   compacted_at="2026-11-30T12:00:00.000Z").outcome == "applied"
     messages = get(chat, "/api/chat/inspector").json()["messages"]
     assert [(m["origin"], m["text"], m.get("note")) for m in messages[1:]] == [
-        ("recent", None, "Folded into the summary since this turn."),
-        ("recent", None, "Folded into the summary since this turn."),
-        ("recent", None, "Folded into the summary since this turn."),
-        ("recent", None, "Folded into the summary since this turn."),
+        ("recent", "stored question 1", None), ("recent", "stored answer 1", None),
+        ("recent", "stored question 2", None), ("recent", "stored answer 2", None),
         ("input", "third question", None),
     ]
+    assert [m["text"] for m in messages] == [m["content"] for m in received]
 
     fake_llm.default = Reply(status=400)
     assert chat.turn("this fails")[-1]["status"] == "failed"
@@ -301,3 +301,78 @@ def test_reads_answer_503_when_the_store_is_down(make_web_client, app_settings, 
     assert response.status_code == 503
     assert response.get_json() == {"error": {"code": "store_unavailable",
                                              "message": "Memory is unavailable right now; try again shortly."}}
+
+
+# ------------------------------------------------------------------------------------------ meter and inspector after folds
+
+FOLD_TURNS = ("My sister Ada lives in Porto and keeps bees.", "The venue is Hall 7.", "Bring the slides on Friday.",
+              "Lunch is at noon.")
+
+
+def folded_live_app(make_live_app, app_settings, fake_llm):
+    """A thread of ``FOLD_TURNS`` (one recent turn kept, folds shown four at a time, recall for every text) whose
+    turns 1-3 a real compaction folded: a prompt now shows the record up to turn 2, turn 3 word for word from
+    the archive, turn 4 as the recent turn.  Returns ``(server, client, services, thread_id)``."""
+    from app.compaction.service import run_compaction
+
+    server = make_live_app(app_settings.with_overrides(
+        compaction_strategy="extractive", limits=MemoryLimits(recent_turns=1), prompt_fold_step=2,
+        recall_when="always"))
+    client = ChatClient(server).connect()
+    fake_llm.default = lambda body: Reply(text=f"Answer about {body['messages'][-1]['content']} Good to know.")
+    for text in FOLD_TURNS:
+        assert client.turn(text)[-1]["status"] == "completed"
+    services = server.app.extensions["chat"]
+    thread_id = client.thread()["threadId"]
+    with server.app.app_context():
+        assert run_compaction(services, thread_id, services.store.load(thread_id).version).outcome == "applied"
+    assert services.store.load(thread_id).record.last_turn == 3
+    return server, client, services, thread_id
+
+
+def test_meter_sections_add_up_with_recall_and_folded_turns_shown_word_for_word(make_live_app, app_settings,
+                                                                                 fake_llm):
+    server, client, services, thread_id = folded_live_app(make_live_app, app_settings, fake_llm)
+    assert client.turn("Where does Ada live?")[-1]["status"] == "completed"
+    client.close()
+    received = fake_llm.last_request().messages
+    texts = [m["content"] for m in received]
+    # the prompt: the record (turns 1-2), turn 3 from the archive, turn 4, the recalled excerpt, the question
+    assert texts[2:4] == [FOLD_TURNS[2], f"Answer about {FOLD_TURNS[2]} Good to know."]
+    assert texts[4] == FOLD_TURNS[3] and texts[-1] == "Where does Ada live?"
+    assert received[-2]["content"].startswith(RECALL_HEADER) and "(turn 1)" in received[-2]["content"]
+    counts = [count_message(m) for m in received]
+
+    turn = get(client, "/api/chat/stats").json()["turns"][-1]
+    sections = turn["sections"]
+    assert sum(sections.values()) == turn["promptTokens"] == sum(counts) + 3
+    assert sections["recall"] == counts[-2] > 0
+    # the summary figure covers the record and the folded turn shown word for word; recent only turn 4
+    assert sections["summary"] == counts[1] + counts[2] + counts[3]
+    assert sections["recent"] == counts[4] + counts[5]
+    assert sections["system"] == counts[0] and sections["input"] == counts[-1] + 3 and sections["pins"] == 0
+
+    inspector = get(client, "/api/chat/inspector").json()["messages"]
+    assert [m["origin"] for m in inspector] == ["system", "summary", "folded", "folded", "recent", "recent",
+                                                "recall", "input"]
+    assert [(m["text"], m.get("note")) for m in inspector] == [(t, None) for t in texts]
+    assert [m["tokens"] for m in inspector] == counts
+
+
+def test_inspector_shows_what_the_model_saw_after_that_turns_fold(make_live_app, app_settings, fake_llm):
+    from app.compaction.service import run_compaction
+
+    server, client, services, thread_id = folded_live_app(make_live_app, app_settings, fake_llm)
+    assert client.turn("Where does Ada live?")[-1]["status"] == "completed"
+    client.close()
+    received = [m["content"] for m in fake_llm.last_request().messages]
+    before = services.store.load(thread_id).summary
+    with server.app.app_context():  # the turn's own fold: turn 4 and the question's turn leave the thread
+        assert run_compaction(services, thread_id, services.store.load(thread_id).version).outcome == "applied"
+    state = services.store.load(thread_id)
+    assert state.record.last_turn == 4 and state.summary != before
+    assert "Where does Ada live?" in [m.text for m in state.messages]
+    inspector = get(client, "/api/chat/inspector").json()["messages"]
+    assert [(m["text"], m.get("note")) for m in inspector] == [(t, None) for t in received]
+    assert [m["origin"] for m in inspector] == ["system", "summary", "folded", "folded", "recent", "recent",
+                                                "recall", "input"]

@@ -8,8 +8,9 @@ production``, ``$PORT``, the test Redis, the fake LLM):
   binds ``0.0.0.0:$PORT``, answers ``/healthz``, a websocket turn streams coalesced deltas
   and is kept in memory, and a cancelled turn stops the model and keeps nothing; a bad
   configuration gives one ``config error`` line and exit 3 (nothing else).
-- ``worker``: a SIGTERM to the dyno's processes while a refinement (the compaction step that
-  waits on the model) runs puts the task back on the queue at once (``REMAP_SIGTERM=SIGQUIT``: cold shutdown,
+- ``worker`` (folds, ``compaction`` queue) and ``refiner`` (refinements, ``refine`` queue, one at a time):
+  a SIGTERM to the refiner's processes while a refinement (the compaction step that
+  waits on the model) runs puts the task back on its queue at once (``REMAP_SIGTERM=SIGQUIT``: cold shutdown,
   the late-acknowledged message is requeued, not left for the 1-hour visibility
   timeout), and the next worker applies it exactly once.
 - ``flower``: binds ``$PORT`` and asks for ``FLOWER_BASIC_AUTH``.
@@ -37,12 +38,15 @@ ANSWER = {"summary": "They talked about the numbers one and two.", "pinnedDecisi
 
 
 def test_the_procfile_has_the_contract_process_types():
-    assert sorted(PROCFILE) == ["flower", "release", "web", "worker"]
+    assert sorted(PROCFILE) == ["flower", "refiner", "release", "web", "worker"]
     assert PROCFILE["web"].startswith(
         "gunicorn wsgi:app -c gunicorn.conf.py --preload --worker-class ${WEB_WORKER_CLASS:-gevent} ")
     assert "--bind 0.0.0.0:${PORT:-5000}" in PROCFILE["web"]
     assert "--threads ${WEB_THREADS:-64}" in PROCFILE["web"]  # the same default as Settings.web_threads
     assert PROCFILE["worker"].startswith("REMAP_SIGTERM=SIGQUIT celery -A celery_app worker -Q compaction ")
+    # refinements have a worker of their own, one at a time: a fold never waits behind one
+    assert PROCFILE["refiner"].startswith("REMAP_SIGTERM=SIGQUIT celery -A celery_app worker -Q refine ")
+    assert "--concurrency 1 " in PROCFILE["refiner"] and "-n refiner@%h" in PROCFILE["refiner"]
     assert "--port=${PORT:-5555}" in PROCFILE["flower"]
 
 
@@ -117,14 +121,15 @@ def test_worker_sigterm_requeues_the_running_compaction_at_once(compaction_rig, 
     tid = thread_id_for("procfile-sigterm")
     result = seed_turns(rig.store, tid, 6)
     env = prod_env(rig.settings, WORKER_CONCURRENCY="1", COMPACTION_REFINE_AFTER_FOLDS="1")  # refine each fold
-    first = start("worker", env, tmp_path / "first.log")
+    folds = start("worker", env, tmp_path / "worker.log")
+    first = start("refiner", env, tmp_path / "first.log")
     second = None
     try:
         assert rig.request(tid, result)  # the fold (no model), then its refinement, which waits on the model
         fake_llm.wait_for_requests(1, "structured", timeout=60)
         assert [(e["outcome"], e["step"]) for e in history(rig.client, tid)] == [("applied", "fold")]
         before = raw_hash(rig.client, tid)  # as the fold left it
-        assert rig.client.llen("compaction") == 0  # the refinement: taken by the first worker
+        assert rig.client.llen("refine") == 0  # the refinement: taken by the first refiner
         stopped = time.monotonic()
         stop_group(first, signal.SIGTERM, timeout=30)
         assert time.monotonic() - stopped < 15  # did not wait for the 60 s model call
@@ -132,11 +137,11 @@ def test_worker_sigterm_requeues_the_running_compaction_at_once(compaction_rig, 
         assert "worker: Cold shutdown (MainProcess)" in log  # SIGTERM was remapped to SIGQUIT
         assert "Restoring 1 unacknowledged message(s)" in log
         # Back on the queue now, not after the visibility timeout (1 hour by default).
-        assert rig.client.llen("compaction") == 1
+        assert rig.client.llen("refine") == 1
         assert rig.client.zcard("unacked_index") == 0
         assert raw_hash(rig.client, tid) == before  # the refinement wrote nothing
         assert [(e["outcome"], e["step"]) for e in history(rig.client, tid)] == [("applied", "fold")]
-        second = start("worker", env, tmp_path / "second.log")
+        second = start("refiner", env, tmp_path / "second.log")
         rig.wait_outcome(tid, "applied", count=2, timeout=60)
         wait_until(lambda: not rig.client.exists(ThreadKeys(tid).refining), 15, message="the refinement's marker")
         state = rig.store.load(tid)
@@ -146,7 +151,7 @@ def test_worker_sigterm_requeues_the_running_compaction_at_once(compaction_rig, 
                                                                                  ("applied", "fold")]
         assert len(fake_llm.chat_requests("structured")) == 2
     finally:
-        for proc in (first, second):
+        for proc in (folds, first, second):
             if proc is not None:
                 stop_group(proc)
 

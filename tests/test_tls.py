@@ -193,7 +193,7 @@ def test_a_celery_worker_consumes_a_compaction_sent_over_tls(tls_redis, tls_clie
     log_path = tmp_path / "worker.log"
     with open(log_path, "w") as log:
         worker = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "celery_app", "worker", "-Q", "compaction", "--pool", "solo",
+            [sys.executable, "-m", "celery", "-A", "celery_app", "worker", "-Q", "compaction,refine", "--pool", "solo",
              "--loglevel", "INFO", "--without-heartbeat", "--without-mingle", "--without-gossip", "-n", "tls@%h"],
             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:

@@ -366,7 +366,7 @@ class Turn(TurnIO):
         self._accounted = True
         try:
             from app.observability.accounting import record_turn
-            record_turn(self.services, self.thread_id, self.outcome)
+            record_turn(self.services, self.thread_id, self.outcome, state=self.state)
         except Exception:
             log.warning("turn accounting for %s failed", self.thread_id[:13], exc_info=True)
 

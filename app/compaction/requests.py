@@ -37,7 +37,8 @@ log = logging.getLogger(__name__)
 TASK_NAME = "workers.compact_thread"
 """The fold task's name (``workers/tasks.py`` registers it; routing sends it to the ``compaction`` queue)."""
 REFINE_TASK_NAME = "workers.refine_thread"
-"""The refinement task's name (the model's part of a compaction; the same ``compaction`` queue)."""
+"""The refinement task's name (the model's part of a compaction; routed to its own ``refine`` queue, so a
+fold never waits behind one: ``app.celery_setup``)."""
 
 SendTask = Callable[[str, int], None]
 """Publishes the compaction task for ``(thread_id, version)``; raises on a broker failure."""

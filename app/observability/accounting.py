@@ -4,16 +4,24 @@ Each finished turn (completed, blocked, cancelled, failed, or interrupted when t
 socket closed) adds one record to ``mem:{hex}:stats`` (newest first, the last
 ``MAX_TURN_RECORDS`` kept, with the thread's TTL):
 
-``{"messageId", "status", "at", "promptTokens", "sections": {system, summary, pins, recent, input},
+``{"messageId", "status", "at", "promptTokens", "sections": {system, summary, pins, recall, recent, input},
 "completionTokens", "completionTokensSource": "provider"|"counted", "budget", "firstTokenMs",
-"prompt": [{"origin", "role", "tokens", "ref", "sha"}]}``
+"prompt": [{"origin", "role", "tokens", "ref", "sha"}], "recordLast", "recordShown", "recallTurns"}``
+
+``sections`` holds every section that was sent, in tokens, and adds up to ``promptTokens``.  The folded
+turns a prompt showed word for word after the record (``MEMORY_PROMPT_FOLD_STEP``; docs/contract.md: Model
+context for a turn) count as ``summary``, with the record they stand for, not as ``recent``: their prompt
+entries have the origin ``folded``.  So the meter's summary figure covers every line the panel lists.
 
 ``prompt`` describes the assembled prompt message by message; ``ref`` is the stored
-message id of a recent or input message and ``sha`` the first 16 hex characters of
-the SHA-256 of the content sent, so the inspector can show the person's own texts
-from their thread (and say when one changed since) without the prompt text ever
-being stored.  ``GET /api/chat/stats`` serves the records without ``prompt``
-(``public_turn``).
+message id of a recent, folded or input message and ``sha`` the first 16 hex characters of
+the SHA-256 of the content sent, so the inspector can show what the model saw from the
+thread and its archive (and say when one changed since) without the prompt text ever
+being stored.  For the parts made from memory rather than stored as they are, the record
+keeps the turn numbers that rebuild them (``app.observability.inspector``): ``recordLast``
+the last turn the stored record held, ``recordShown`` the last turn of it the prompt's record
+showed, ``recallTurns`` the turns the recalled excerpts came from.  ``GET /api/chat/stats``
+serves the records without these (``public_turn``).
 
 The same function logs the prompt at DEBUG: lengths, token counts and hash prefixes;
 the text only when ``MEMORY_DEBUG_LOG_CONTENT=1``.
@@ -24,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
@@ -51,11 +60,49 @@ def content_sha(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:SHA_CHARS]
 
 
-def turn_record(outcome, *, user_message_id: str, counter) -> dict | None:
-    """Build the accounting record of a finished turn (None when no prompt was assembled)."""
+FOLDED = "folded"
+"""The prompt entry origin of a folded turn's message shown word for word after the record."""
+TURN_REF = re.compile(r"\(turn (\d+)\)")
+"""A turn number as recalled excerpts name it (docs/contract.md: Model context for a turn)."""
+
+
+def _prompt_entries(context, state, user_message_id: str | None) -> tuple[list[dict], dict]:
+    """The prompt's entries and the sections with the folded turns shown word for word counted as ``summary``."""
+    stored = {m.id for m in state.messages} if state is not None else None
+    sections = {k: int(v) for k, v in context.sections.items()}
+    entries = []
+    for m in context.messages:
+        origin = m.origin
+        if origin == "recent" and stored is not None and m.ref not in stored:
+            origin = FOLDED  # not among the thread's own recent messages: a folded turn from the archive
+            sections["recent"] = sections.get("recent", 0) - m.tokens
+            sections["summary"] = sections.get("summary", 0) + m.tokens
+        entries.append({"origin": origin, "role": m.role, "tokens": m.tokens,
+                        "ref": user_message_id if origin == "input" else m.ref, "sha": content_sha(m.content)})
+    return entries, sections
+
+
+def turn_record(outcome, *, user_message_id: str, counter, state=None) -> dict | None:
+    """Build the accounting record of a finished turn (None when no prompt was assembled).
+
+    Args:
+        outcome: the turn's ``TurnOutcome``.
+        user_message_id: the id of the turn's user message.
+        counter: the model's token counter (an answer without provider usage is counted).
+        state: the ``ThreadState`` the prompt was assembled from (None: the folded turns shown word for
+            word cannot be told from recent ones, and nothing is kept to rebuild the record or the recall).
+    """
     context = outcome.context
     if context is None:
         return None
+    entries, sections = _prompt_entries(context, state, user_message_id)
+    extra = {}
+    if state is not None:
+        folded_turns = sum(1 for e in entries if e["origin"] == FOLDED and e["role"] == "user")
+        extra = {"recordLast": state.record.last_turn, "recordShown": state.record.last_turn - folded_turns}
+    recalled = [m.content for m in context.messages if m.origin == "recall"]
+    if recalled:
+        extra["recallTurns"] = sorted({int(n) for n in TURN_REF.findall(recalled[0])})
     stats = outcome.stats
     if stats.completion_tokens is not None:
         completion, source = stats.completion_tokens, "provider"
@@ -67,14 +114,13 @@ def turn_record(outcome, *, user_message_id: str, counter) -> dict | None:
         "status": outcome.status,
         "at": utc_now_iso(),
         "promptTokens": context.prompt_tokens,
-        "sections": dict(context.sections),
+        "sections": sections,
         "completionTokens": completion,
         "completionTokensSource": source,
         "budget": context.budget,
         "firstTokenMs": round(first_ms, 1) if first_ms is not None else None,
-        "prompt": [{"origin": m.origin, "role": m.role, "tokens": m.tokens,
-                    "ref": user_message_id if m.origin == "input" else m.ref,
-                    "sha": content_sha(m.content)} for m in context.messages],
+        "prompt": entries,
+        **extra,
     }
 
 
@@ -102,14 +148,16 @@ def log_prompt(thread_id: str, context, *, message_id: str, include_text: bool) 
                       len(m.content), m.tokens, content_sha(m.content))
 
 
-def record_turn(services: Services, thread_id: str, outcome) -> dict | None:
+def record_turn(services: Services, thread_id: str, outcome, state=None) -> dict | None:
     """Store a turn's accounting record, count it in the metrics and log its prompt; returns the record.
+
+    ``state``: the ``ThreadState`` the turn's prompt was assembled from (``turn_record``).
 
     The record is stored only while the thread exists (``lua/record_turn_stats.lua``): statistics live
     with their thread or not at all, so a cancelled or unsaved first turn leaves no key behind.
     Store failures are logged and counted, never raised.
     """
-    record = turn_record(outcome, user_message_id=outcome.user_message_id, counter=services.counter)
+    record = turn_record(outcome, user_message_id=outcome.user_message_id, counter=services.counter, state=state)
     if record is None:
         return None
     try:

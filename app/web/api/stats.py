@@ -11,6 +11,7 @@ from app.extensions import services
 from app.identity import current_thread_id
 from app.observability import accounting, metrics
 from app.observability.inspector import resolve_prompt
+from app.store.archive import load_turn_memory
 from app.store.thread_store import CorruptState, StoreUnavailable
 from app.web.responses import guarded_json, store_unavailable
 
@@ -47,7 +48,7 @@ def get_inspector():
     svc = services()
     try:
         records = accounting.load_turn_records(svc, thread_id, limit=1)
-        state = svc.store.load(thread_id)
+        state, archive = load_turn_memory(svc.store, thread_id)  # the archive shows what was folded since
     except (redis.RedisError, StoreUnavailable, CorruptState) as exc:
         log.warning("inspector unavailable for %s: %s", thread_id[:13], type(exc).__name__)
         if isinstance(exc, redis.RedisError):
@@ -57,4 +58,5 @@ def get_inspector():
         return guarded_json({"turn": None, "messages": []})
     record = records[-1]
     turn = {k: record.get(k) for k in ("messageId", "status", "at", "promptTokens", "budget")}
-    return guarded_json({"turn": turn, "messages": resolve_prompt(record, state, svc.settings.system_prompt)})
+    messages = resolve_prompt(record, state, svc.settings.system_prompt, archive, svc.counter)
+    return guarded_json({"turn": turn, "messages": messages})

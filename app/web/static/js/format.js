@@ -6,12 +6,16 @@
 
 const nf = new Intl.NumberFormat();
 
-/** The prompt's sections, in order (docs/contract.md: Model context for a turn). */
-export const SECTIONS = Object.freeze(["system", "summary", "pins", "recent", "input"]);
+/**
+ * The prompt's sections, in the order the model receives them (docs/contract.md: Model context for a turn);
+ * GET /api/chat/stats counts every one of them ("summary": the record and the folded turns shown word for
+ * word after it), and they add up to the turn's prompt tokens.
+ */
+export const SECTIONS = Object.freeze(["system", "summary", "pins", "recent", "recall", "input"]);
 
 /** @type {Readonly<Record<string, string>>} */
 export const SECTION_LABELS = Object.freeze({
-  system: "System", summary: "Summary", pins: "Pins", recent: "Recent turns", input: "New input",
+  system: "System", summary: "Summary", pins: "Pins", recent: "Recent turns", recall: "Recalled", input: "New input",
 });
 
 /**

@@ -133,7 +133,9 @@ export function showPinError(text) {
 }
 
 /**
- * Context meter: the last turn's prompt tokens, by section, against the prompt budget.
+ * Context meter: the last turn's prompt tokens, by section, against the prompt budget. The header is the sum
+ * of the legend (every section that was sent); a compaction applied after that turn is said, since the
+ * lines the panel lists then are newer than the prompt the meter counts.
  * @param {Stats} stats
  */
 export function renderMeter(stats) {
@@ -146,7 +148,11 @@ export function renderMeter(stats) {
     return;
   }
   const sections = last.sections && typeof last.sections === "object" ? last.sections : {};
-  const used = num(last.promptTokens) || SECTIONS.reduce((a, k) => a + num(sections[k]), 0);
+  const used = SECTIONS.reduce((a, k) => a + num(sections[k]), 0) || num(last.promptTokens);
+  const lastAt = Date.parse(str(last.at));
+  /** @type {Record<string, any>[]} */
+  const comps = Array.isArray(stats.compactions) ? stats.compactions : [];
+  const compactedSince = comps.some((c) => c && c.outcome === "applied" && Date.parse(str(c.at)) > lastAt);
   const pct = Math.round((used / budget) * 100);
   const bar = h("div", {
     class: "meter-bar", role: "img",
@@ -173,6 +179,10 @@ export function renderMeter(stats) {
       (last.completionTokens !== undefined ? ` · last answer ${fmt(last.completionTokens)} tokens` : "") +
       (typeof last.firstTokenMs === "number" ? ` · first token ${fmtMs(last.firstTokenMs)}` : "") }),
   );
+  if (compactedSince) {
+    el.meter.append(h("p", { class: "muted small", "data-testid": "meter-compacted",
+      text: "Memory was compacted after this turn: the next prompt shows it." }));
+  }
 }
 
 /**
@@ -289,7 +299,9 @@ export function renderInspector(data) {
   const ol = h("ol", { class: "inspector-list" });
   for (const m of prompt) {
     if (!m || typeof m !== "object") continue;
-    const origin = SECTIONS.includes(m.origin) ? m.origin : "other";
+    // a folded turn's message shown word for word after the record counts as the summary (GET /api/chat/stats)
+    const folded = m.origin === "folded";
+    const origin = folded || SECTIONS.includes(m.origin) ? m.origin : "other";
     const text = str(m.text);
     const missing = m.text === null || m.text === undefined;
     const pre = h("pre", { class: missing ? "inspector-text muted" : "inspector-text" });
@@ -298,7 +310,7 @@ export function renderInspector(data) {
     const refs = origin === "system" || origin === "input" || missing ? [] : turnRefs(text).slice(0, 12);
     ol.append(h("li", { class: "inspector-item", "data-origin": origin },
       h("div", { class: "inspector-head" },
-        h("span", { class: `badge origin seg-${origin}`, text: origin }),
+        h("span", { class: `badge origin seg-${folded ? "summary" : origin}`, text: folded ? "folded turn" : origin }),
         h("span", { class: "muted small", text: `${str(m.role) || "?"} · ${fmt(m.tokens)} tokens` })),
       pre,
       refs.length ? h("div", { class: "turn-refs" }, h("span", { class: "muted small", text: "From: " }),
