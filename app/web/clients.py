@@ -29,6 +29,7 @@ from app.extensions import services
 from app.identity import has_session
 from app.observability.metrics import count_refusal
 from app.settings import Settings
+from app.store.quotas import client_of
 from app.store.thread_store import StoreUnavailable
 from app.web.responses import ApiError, error_response
 
@@ -41,8 +42,9 @@ NO_SESSION = ("no_session", "Open the chat page first: a chat connection needs i
 
 
 def client_address() -> str:
-    """The request's client address (after ``ProxyFix``), or ``unknown``."""
-    return request.remote_addr or "unknown"
+    """The client the request's address (after ``ProxyFix``) counts as: ``app.store.quotas.client_of`` with
+    ``CLIENT_IPV6_PREFIX`` (an IPv6 network, or an IPv4 address whatever its spelling), or ``unknown``."""
+    return client_of(request.remote_addr, services().settings.client_ipv6_prefix)
 
 
 def _retry_after(kind: str, who: str, limit: str) -> int:
