@@ -32,9 +32,9 @@ from app.memory.forget import PHRASE_MAX_CHARS, contains_phrase, plan_forget
 from app.memory.state import utc_now_iso
 from app.observability import accounting
 from app.store import archive as archive_store
-from app.store.thread_store import CorruptState, StoreUnavailable
+from app.store.thread_store import CorruptState, OutcomeUnknown, StoreUnavailable
 from app.web.api.pins import ITEM_NUMBER_RE
-from app.web.responses import MEMORY_UNREADABLE, STORE_UNAVAILABLE, ApiError, guarded_json
+from app.web.responses import MEMORY_UNREADABLE, STORE_UNAVAILABLE, ApiError, UnknownOutcome, guarded_json
 
 log = logging.getLogger(__name__)
 bp = Blueprint("forget", __name__)
@@ -54,6 +54,9 @@ def _store_errors(fn):
             return fn(*args, **kwargs)
         except CorruptState:
             raise ApiError(409, *MEMORY_UNREADABLE) from None
+        except OutcomeUnknown:  # a reply lost and not read back: 202 outcome unknown, the page reads again
+            log.warning("%s for %s: outcome unknown", fn.__name__, current_thread_id()[:13])
+            raise UnknownOutcome() from None
         except StoreUnavailable as exc:
             log.warning("%s failed for %s: %s", fn.__name__, current_thread_id()[:13], type(exc).__name__)
             raise ApiError(503, *STORE_UNAVAILABLE) from None
@@ -141,7 +144,8 @@ def _forget_one(thread_id: str, turn: int, phrase: str | None = None) -> tuple[d
             log.info("turn forgotten in %s: %d recent messages, %d archived, %d record lines, %d notes",
                      thread_id[:13], committed.recent_removed, committed.archive_removed, plan.record_lines,
                      plan.notes_removed)
-            return ({"turn": turn, "recent": committed.recent_removed > 0, "archive": committed.archive_removed > 0,
+            in_archive = committed.archive_removed > 0 or (committed.settled and any(t.number == turn for t in archived))
+            return ({"turn": turn, "recent": committed.recent_removed > 0, "archive": in_archive,
                      "recordLines": plan.record_lines, "notes": plan.notes_removed}, list(plan.pins_quoting))
     raise ApiError(409, "conflict", "Memory was changing at that moment; please try again.")
 
