@@ -24,16 +24,16 @@ import redis
 
 from flask import Blueprint, request
 
-from app.chat.client_input import JSONRefused, loads_client_json
 from app.extensions import services
 from app.identity import current_thread_id
 from app.llm.cache_key import drop_thread_cache
-from app.memory.forget import PHRASE_MAX_CHARS, contains_phrase, plan_forget
+from app.memory.forget import contains_phrase, plan_forget
 from app.memory.state import utc_now_iso
 from app.observability import accounting
 from app.store import archive as archive_store
 from app.store.thread_store import CorruptState, OutcomeUnknown, StoreUnavailable
 from app.web.api.pins import ITEM_NUMBER_RE
+from app.web.bodies import BAD_PHRASE, PHRASE_QUERY, forget_body, load_body, load_query
 from app.web.responses import MEMORY_UNREADABLE, STORE_UNAVAILABLE, ApiError, UnknownOutcome, guarded_json
 
 log = logging.getLogger(__name__)
@@ -174,22 +174,11 @@ def delete_turn(n: str):
     return guarded_json({"forgotten": forgotten, "pinsQuoting": pins})
 
 
-def _phrase(value) -> str:
-    """The phrase of a forget by phrase.
-
-    Raises:
-        ApiError: 400 ``bad_request`` when not a string, blank, or longer than ``PHRASE_MAX_CHARS``.
-    """
-    if not isinstance(value, str) or not value.strip() or len(value) > PHRASE_MAX_CHARS:
-        raise ApiError(400, "bad_request", f"Type a phrase of 1 to {PHRASE_MAX_CHARS} characters.")
-    return value.strip()
-
-
 @bp.get("/api/chat/forget")
 @_store_errors
 def preview_forget():
     """Every memory item holding the phrase: 200 ``{"phrase", "items": [{"place", "turn", "text"}]}``; 400."""
-    phrase = _phrase(request.args.get("phrase"))
+    phrase = load_query(PHRASE_QUERY, {"phrase": request.args.get("phrase")}, BAD_PHRASE.message)["phrase"]
     svc, thread_id = services(), current_thread_id()
     state = svc.store.load(thread_id)
     items: list[dict] = []
@@ -209,27 +198,16 @@ def preview_forget():
 
 
 def _forget_body() -> tuple[str | None, list[int]]:
-    """``(phrase or None, turns)`` of ``POST /api/chat/forget``.
+    """``(phrase or None, turns)`` of ``POST /api/chat/forget`` (``app.web.bodies.ForgetBody``; keys it does not
+    read are ignored).
 
     Raises:
         ApiError: 400 ``bad_request`` (not a JSON object; ``turns`` not a list of 1 to ``POST_MAX_TURNS`` turn
-            numbers; a phrase that is not 1-200 characters), 400 ``invalid_text``.
+            numbers; a phrase that is blank or longer than 200 characters), 400 ``invalid_text``.
     """
     hint = 'Send a JSON object with "turns": [turn numbers] and the "phrase".'
-    if not request.is_json:
-        raise ApiError(400, "bad_request", hint)
-    try:
-        body = loads_client_json(request.get_data(cache=True))
-    except JSONRefused as exc:
-        raise ApiError(400, "invalid_text" if exc.code == "invalid_text" else "bad_request", hint) from None
-    if not isinstance(body, dict) or not set(body) <= {"phrase", "turns"}:
-        raise ApiError(400, "bad_request", hint)
-    turns = body.get("turns")
-    if not isinstance(turns, list) or not 1 <= len(turns) <= POST_MAX_TURNS or any(
-            type(t) is not int or not 1 <= t <= 999_999 for t in turns):
-        raise ApiError(400, "bad_request", hint)
-    phrase = _phrase(body["phrase"]) if body.get("phrase") is not None else None
-    return phrase, sorted(set(turns))
+    body = load_body(forget_body(POST_MAX_TURNS, hint), hint)
+    return body["phrase"], body["turns"]
 
 
 @bp.post("/api/chat/forget")

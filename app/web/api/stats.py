@@ -12,7 +12,7 @@ from app.identity import current_thread_id
 from app.observability import accounting, metrics
 from app.observability.inspector import resolve_prompt
 from app.store.thread_store import CorruptState, StoreUnavailable
-from app.web.responses import guarded_json, store_unavailable
+from app.web.responses import MEMORY_UNREADABLE, error_response, guarded_json, store_unavailable
 
 log = logging.getLogger(__name__)
 bp = Blueprint("stats", __name__)
@@ -48,7 +48,10 @@ def get_inspector():
     try:
         records = accounting.load_turn_records(svc, thread_id, limit=1)
         state = svc.store.load(thread_id)
-    except (redis.RedisError, StoreUnavailable, CorruptState) as exc:
+    except CorruptState:  # one status for one state (docs/contract.md: HTTP): 409 as every other route
+        log.warning("inspector of %s: memory unreadable", thread_id[:13])
+        return error_response(409, *MEMORY_UNREADABLE)
+    except (redis.RedisError, StoreUnavailable) as exc:
         log.warning("inspector unavailable for %s: %s", thread_id[:13], type(exc).__name__)
         if isinstance(exc, redis.RedisError):
             metrics.count_store_error("inspector")
