@@ -1,6 +1,6 @@
 """Compaction status for open sockets: one subscriber per web process, whichever node holds the thread.
 
-Workers publish ``{"type":"memory",...}`` JSON on ``mem:{hex}:events``
+Workers (and a forget: ``forget_frame``) publish ``{"type":"memory",...}`` JSON on ``mem:{hex}:events``
 (``ThreadStore.publish_event``); the hub hands each frame to the sockets open for
 that thread in this process.  Two transports, by store:
 
@@ -36,6 +36,15 @@ from app.store.keys import EVENTS_PATTERN, ThreadKeys, thread_id_from_events_cha
 from app.store.redis_client import StoreClient
 
 log = logging.getLogger(__name__)
+
+def forget_frame(turn: int, message_ids: list[str]) -> dict:
+    """The ``memory`` frame a forget publishes on its thread's channel, so every open socket of the thread (every
+    tab of the session, on any web process) takes the turn off its page (docs/contract.md: WebSocket):
+    ``{"type": "memory", "status": "succeeded", "step": "forget", "forgottenTurn": n, "messageIds": [str],
+    "message": "Turn n was forgotten."}``."""
+    return {"type": "memory", "status": "succeeded", "step": "forget", "forgottenTurn": int(turn),
+            "messageIds": list(message_ids), "message": f"Turn {int(turn)} was forgotten."}
+
 
 # Called with each memory event frame of its thread; what it returns is ignored (a socket's ``send`` says
 # whether the frame went out).

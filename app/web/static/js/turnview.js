@@ -13,8 +13,8 @@ import {
 } from "./turn.js";
 import { renderMarkdown } from "./markdown.js";
 import {
-  addActions, addCodeCopy, appendBubble, bubbleParts, lastMessageId, makeBubble, scrollToBottom, setBubbleText,
-  setNote, showChatError, updateEmpty,
+  addActions, addCodeCopy, appendBubble, bubbleParts, dropForgotten, lastMessageId, makeBubble, scrollToBottom,
+  setBubbleText, setNote, showChatError, updateEmpty,
 } from "./messages.js";
 import { autosize, restoreInput, updateComposer } from "./composer.js";
 import { loadStats, loadThread, refreshMemory } from "./memory.js";
@@ -275,6 +275,8 @@ function handleMemory(f) {
   el.memoryHint.hidden = false;
   clearTimeout(hintTimer);
   hintTimer = window.setTimeout(() => { el.memoryHint.hidden = true; }, hint.hideAfterMs);
+  // a forget (from this tab or another of the session) takes its turn's bubbles off the page first
+  if (f.step === "forget" && Array.isArray(f.messageIds)) dropForgotten(new Set(f.messageIds.map(String)));
   if (hint.reload === "thread") { // folded turns stay on the page, marked as summarized
     loadThread({ messages: !chat.turn });
     loadStats();
