@@ -59,7 +59,11 @@ class LossyProxy:
             if self.dark.is_set():
                 _close(client)
                 continue
-            upstream = socket.create_connection(self.upstream)
+            try:
+                upstream = socket.create_connection(self.upstream)
+            except OSError:  # Redis is gone (the end of a test): the client sees a closed connection
+                _close(client)
+                continue
             state = {"kill_on_reply": False}
             threading.Thread(target=self._up, args=(client, upstream, state), daemon=True).start()
             threading.Thread(target=self._down, args=(client, upstream, state), daemon=True).start()
@@ -75,9 +79,9 @@ class LossyProxy:
                 if b"EVALSHA" in data.upper():
                     self.scripts_sent += 1
                 state["kill_on_reply"] = mode in ("reply", "dark")
-                upstream.sendall(data)
-                if mode == "dark":
+                if mode == "dark":  # before the script goes: no other reply may pass once its reply is lost
                     self.dark.set()
+                upstream.sendall(data)
         except OSError:
             pass
         _close(client, upstream)
@@ -271,3 +275,58 @@ def test_a_clear_whose_reply_is_lost_is_settled_and_unknown_when_the_read_back_f
         lossy_store.clear(tid)
     assert not isinstance(refused.value, OutcomeUnknown)
     assert len(store.load(tid).messages) == 2
+
+
+# -- through the app: what the person is told (the live app's store behind the proxy) --------------------------
+
+@pytest.fixture
+def lossy_app(make_live_app, app_settings):
+    from chat_support.live_app import ChatClient
+
+    url = urlparse(app_settings.redis_url)
+    proxy = LossyProxy(url.hostname or "127.0.0.1", url.port or 6379)
+    proxied = app_settings.redis_url.replace(f"{url.hostname}:{url.port}", f"127.0.0.1:{proxy.port}")
+    server = make_live_app(app_settings.with_overrides(redis_url=proxied))
+    chat = ChatClient(server).connect()
+    yield proxy, server, chat
+    proxy.light()
+    chat.close()
+    proxy.close()
+
+
+def test_the_done_frame_says_unknown_when_the_commit_and_its_read_back_are_lost(lossy_app, store, fake_llm):
+    from chat_support.fake_llm import Reply
+
+    proxy, _server, chat = lossy_app
+    fake_llm.default = Reply(text="Noted.")
+    assert chat.turn("warm the commit script")[-1]["status"] == "completed"
+    proxy.arm("dark")
+    frames = chat.turn("My locker is 4471.")
+    proxy.light()
+    assert frames[-1] == {"type": "done", "status": "completed", "messageId": frames[0]["messageId"],
+                          "saved": "unknown"}
+    thread_id = chat.thread()["threadId"]
+    assert [m.text for m in store.load(thread_id).messages][-2:] == ["My locker is 4471.", "Noted."]  # it was stored
+
+
+def test_the_forget_route_answers_what_redis_holds_when_its_reply_is_lost(lossy_app, store, fake_llm):
+    from chat_support.fake_llm import Reply
+
+    proxy, server, chat = lossy_app
+    fake_llm.default = Reply(text="Noted.")
+    for text in ("first", "second", "third"):
+        assert chat.turn(text)[-1]["status"] == "completed"
+    thread_id = chat.thread()["threadId"]
+    assert chat.http.delete(server.url + "/api/chat/turns/1", timeout=10).status_code == 200  # loads the script
+    proxy.arm("reply")
+    lost = chat.http.delete(server.url + "/api/chat/turns/2", timeout=10)
+    assert lost.status_code == 200 and lost.json()["forgotten"]["turn"] == 2 and lost.json()["forgotten"]["recent"]
+    assert store.load(thread_id).forgotten_turns == (1, 2)
+    proxy.arm("dark")
+    unknown = chat.http.delete(server.url + "/api/chat/turns/3", timeout=10)
+    proxy.light()
+    assert (unknown.status_code, unknown.json()["outcome"]) == (202, "unknown")
+    assert "error" not in unknown.json()
+    assert store.load(thread_id).forgotten_turns == (1, 2, 3)
+    # what the page reads again to know
+    assert chat.http.get(server.url + "/api/chat/turns/3", timeout=10).json()["reason"] == "forgotten"
