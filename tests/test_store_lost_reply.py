@@ -330,3 +330,30 @@ def test_the_forget_route_answers_what_redis_holds_when_its_reply_is_lost(lossy_
     assert store.load(thread_id).forgotten_turns == (1, 2, 3)
     # what the page reads again to know
     assert chat.http.get(server.url + "/api/chat/turns/3", timeout=10).json()["reason"] == "forgotten"
+
+
+def test_the_pins_and_clear_routes_answer_what_redis_holds_when_a_reply_is_lost(lossy_app, store):
+    proxy, server, chat = lossy_app
+    pins, thread = server.url + "/api/chat/pins", server.url + "/api/chat/thread"
+    thread_id = chat.thread()["threadId"]
+    assert chat.http.post(pins, json={"text": "Use Postgres"}, timeout=10).status_code == 201  # loads the script
+    proxy.arm("reply")
+    settled = chat.http.post(pins, json={"text": "Ship Friday"}, timeout=10)
+    assert (settled.status_code, settled.json()["pinnedDecisions"]) == (201, ["Use Postgres", "Ship Friday"])
+    proxy.arm("dark")
+    unknown = chat.http.delete(pins + "/1", timeout=10)
+    proxy.light()
+    assert (unknown.status_code, unknown.json()["outcome"]) == (202, "unknown")
+    assert store.load(thread_id).pinned_decisions == ["Ship Friday"]
+    assert chat.clear() == 204  # loads the clear script
+    chat.http.post(pins, json={"text": "Use Postgres"}, timeout=10)
+    proxy.arm("dark")
+    cleared = chat.http.delete(thread, timeout=10)
+    proxy.light()
+    assert (cleared.status_code, cleared.json()["outcome"]) == (202, "unknown")
+    assert store.load(thread_id).pinned_decisions == []
+    chat.http.post(pins, json={"text": "Use Postgres"}, timeout=10)
+    proxy.arm("command")  # Redis never sees it: the one answer that says nothing changed
+    refused = chat.http.delete(thread, timeout=10)
+    assert (refused.status_code, refused.json()["error"]["code"]) == (503, "store_unavailable")
+    assert store.load(thread_id).pinned_decisions == ["Use Postgres"]
