@@ -9,112 +9,20 @@ the outcome is unknown (``OutcomeUnknown``), never "not written" (docs/contract.
 
 from __future__ import annotations
 
-import socket
-import threading
-from urllib.parse import urlparse
-
 import pytest
 
 from app.memory.final_turn import FinalTurn
 from app.store.redis_client import make_redis
 from app.memory.state import Pin
 from app.store.thread_store import OutcomeUnknown, StoreUnavailable, ThreadStore
+from tests.fixtures.lossy_proxy import LossyProxy, proxied_url
 from tests.fixtures.memory_data import new_thread_id
-
-
-class LossyProxy:
-    """Forwards TCP to Redis; ``arm("reply")`` loses the reply of the next script, ``arm("command")`` the script,
-    ``arm("dark")`` the script's reply and every later one until ``light()``."""
-
-    def __init__(self, host: str, port: int):
-        self.upstream = (host, port)
-        self.server = socket.create_server(("127.0.0.1", 0))
-        self.port = self.server.getsockname()[1]
-        self.mode: str | None = None
-        self.lock = threading.Lock()
-        self.scripts_sent = 0  # scripts that reached Redis through the proxy
-        self.dark = threading.Event()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def arm(self, mode: str) -> None:
-        with self.lock:
-            self.mode = mode
-
-    def light(self) -> None:
-        self.dark.clear()
-
-    def _take(self, data: bytes) -> str | None:
-        with self.lock:
-            if self.mode is None or b"EVALSHA" not in data.upper():
-                return None
-            mode, self.mode = self.mode, None
-            return mode
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.server.accept()
-            except OSError:
-                return
-            if self.dark.is_set():
-                _close(client)
-                continue
-            try:
-                upstream = socket.create_connection(self.upstream)
-            except OSError:  # Redis is gone (the end of a test): the client sees a closed connection
-                _close(client)
-                continue
-            state = {"kill_on_reply": False}
-            threading.Thread(target=self._up, args=(client, upstream, state), daemon=True).start()
-            threading.Thread(target=self._down, args=(client, upstream, state), daemon=True).start()
-
-    def _up(self, client: socket.socket, upstream: socket.socket, state: dict) -> None:
-        try:
-            while data := client.recv(65536):
-                if self.dark.is_set():
-                    break
-                mode = self._take(data)
-                if mode == "command":
-                    break
-                if b"EVALSHA" in data.upper():
-                    self.scripts_sent += 1
-                state["kill_on_reply"] = mode in ("reply", "dark")
-                if mode == "dark":  # before the script goes: no other reply may pass once its reply is lost
-                    self.dark.set()
-                upstream.sendall(data)
-        except OSError:
-            pass
-        _close(client, upstream)
-
-    def _down(self, client: socket.socket, upstream: socket.socket, state: dict) -> None:
-        try:
-            while data := upstream.recv(65536):
-                if state["kill_on_reply"]:
-                    break
-                client.sendall(data)
-        except OSError:
-            pass
-        _close(client, upstream)
-
-    def close(self) -> None:
-        self.server.close()
-
-
-def _close(*socks: socket.socket) -> None:
-    for s in socks:
-        try:
-            s.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        s.close()
 
 
 @pytest.fixture
 def lossy(settings):
-    url = urlparse(settings.redis_url)
-    proxy = LossyProxy(url.hostname or "127.0.0.1", url.port or 6379)
-    proxied = settings.redis_url.replace(f"{url.hostname}:{url.port}", f"127.0.0.1:{proxy.port}")
-    client = make_redis(proxied, socket_timeout=2.0)
+    proxy = LossyProxy.before(settings.redis_url)
+    client = make_redis(proxied_url(settings.redis_url, proxy), socket_timeout=2.0)
     yield proxy, ThreadStore(client, settings.limits, settings.memory_ttl_seconds)
     client.close()
     proxy.close()
@@ -283,10 +191,8 @@ def test_a_clear_whose_reply_is_lost_is_settled_and_unknown_when_the_read_back_f
 def lossy_app(make_live_app, app_settings):
     from chat_support.live_app import ChatClient
 
-    url = urlparse(app_settings.redis_url)
-    proxy = LossyProxy(url.hostname or "127.0.0.1", url.port or 6379)
-    proxied = app_settings.redis_url.replace(f"{url.hostname}:{url.port}", f"127.0.0.1:{proxy.port}")
-    server = make_live_app(app_settings.with_overrides(redis_url=proxied))
+    proxy = LossyProxy.before(app_settings.redis_url)
+    server = make_live_app(app_settings.with_overrides(redis_url=proxied_url(app_settings.redis_url, proxy)))
     chat = ChatClient(server).connect()
     yield proxy, server, chat
     proxy.light()
