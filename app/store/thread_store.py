@@ -592,7 +592,7 @@ class ThreadStore:
             gen, value, version = self.redis.hmget(ThreadKeys(thread_id).state, "gen", field_name, "v")
         except redis.RedisError as exc:
             self._report_error("apply_compaction")
-            raise StoreUnavailable(f"lost reply not settled: {lost}; {type(exc).__name__}") from exc
+            raise OutcomeUnknown(f"lost reply not settled: {lost}; {type(exc).__name__}") from exc
         applied = str(gen or "0") == str(expected_gen + 1) and value == written
         log.warning("compare-and-set on %s settled by reading back: %s", thread_id[:13],
                     "applied" if applied else "not applied")

@@ -2,7 +2,9 @@
 
 A client is its signed session and, for what a session cannot bound, its network address as the
 platform's router reports it: ``TRUSTED_PROXIES`` proxies' ``X-Forwarded-For`` entries are trusted
-(werkzeug's ``ProxyFix``), so ``request.remote_addr`` is the visitor's address, not the router's.
+(werkzeug's ``ProxyFix``), so ``request.remote_addr`` is the visitor's address, not the router's.  Every
+budget counts that address as its client (``client_address``: ``app.store.quotas.client_of``): an IPv6
+address by its ``CLIENT_IPV6_PREFIX`` network, an IPv4 address once whatever its spelling.
 
 Installed for the whole app by ``install_client_rules``, in this order, before any route runs:
 
