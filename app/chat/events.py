@@ -37,13 +37,15 @@ from app.store.redis_client import StoreClient
 
 log = logging.getLogger(__name__)
 
-def forget_frame(turn: int, message_ids: list[str]) -> dict:
+def forget_frame(turns: list[int], message_ids: list[str]) -> dict:
     """The ``memory`` frame a forget publishes on its thread's channel, so every open socket of the thread (every
-    tab of the session, on any web process) takes the turn off its page (docs/contract.md: WebSocket):
-    ``{"type": "memory", "status": "succeeded", "step": "forget", "forgottenTurn": n, "messageIds": [str],
-    "message": "Turn n was forgotten."}``."""
-    return {"type": "memory", "status": "succeeded", "step": "forget", "forgottenTurn": int(turn),
-            "messageIds": list(message_ids), "message": f"Turn {int(turn)} was forgotten."}
+    tab of the session, on any web process) takes the turns off its page (docs/contract.md: WebSocket):
+    ``{"type": "memory", "status": "succeeded", "step": "forget", "forgottenTurns": [n], "messageIds": [str],
+    "message": "Turn n was forgotten."}`` (``"Turns 3, 5 were forgotten."`` for several)."""
+    numbers = sorted(int(t) for t in turns)
+    said = f"Turn {numbers[0]} was" if len(numbers) == 1 else f"Turns {', '.join(map(str, numbers))} were"
+    return {"type": "memory", "status": "succeeded", "step": "forget", "forgottenTurns": numbers,
+            "messageIds": list(message_ids), "message": f"{said} forgotten."}
 
 
 # Called with each memory event frame of its thread; what it returns is ignored (a socket's ``send`` says

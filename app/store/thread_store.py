@@ -563,22 +563,22 @@ class ThreadStore:
                                   _dumps(list(notes)), json.dumps(entry, separators=(",", ":")), int(max_entries),
                                   self.ttl, _dumps(list(turn_message_ids))])
         except Unsettled as exc:
-            return self._settle_forget(thread_id, expected_gen, turn, len(message_ids), exc)
+            return self._settle_forget(thread_id, expected_gen, [turn], len(message_ids), exc)
         if not int(result[0]):
             return ForgetCommit(False)
         return ForgetCommit(True, int(result[1]), int(result[2]), int(result[3]))
 
-    def _settle_forget(self, thread_id: str, expected_gen: int, turn: int, recent: int,
+    def _settle_forget(self, thread_id: str, expected_gen: int, turns: Sequence[int], recent: int,
                        lost: Unsettled) -> ForgetCommit:
-        """A forget whose reply was lost: applied when ``turn`` is in ``fgt`` and ``gen`` is past
-        ``expected_gen`` (its ``recent`` messages, read under that generation, went with it)."""
+        """A forget whose reply was lost: applied when every one of ``turns`` is in ``fgt`` and ``gen`` is past
+        ``expected_gen`` (the ``recent`` messages it removed, read under that generation, went with it)."""
         try:
             gen, forgotten, version = self.redis.hmget(ThreadKeys(thread_id).state, "gen", "fgt", "v")
-            turns = _forgotten_turns(forgotten)
+            forgotten_turns = _forgotten_turns(forgotten)
         except (redis.RedisError, ValueError, TypeError) as exc:
             self._report_error("forget_turn")
             raise OutcomeUnknown(f"lost reply not settled: {lost}; {type(exc).__name__}") from exc
-        applied = turn in turns and int(gen or 0) > expected_gen
+        applied = set(turns) <= set(forgotten_turns) and int(gen or 0) > expected_gen
         log.warning("forget on %s settled by reading back: %s", thread_id[:13], "applied" if applied else "not applied")
         if applied:
             return ForgetCommit(True, int(version or 0), recent_removed=recent, settled=True)

@@ -142,7 +142,7 @@ def _forget_one(thread_id: str, turn: int, phrase: str | None = None) -> tuple[d
         if committed.applied:
             _drop_process_copies(thread_id, forgotten_texts)
             drop_thread_cache(svc.settings, thread_id)
-            _tell_every_tab(thread_id, turn, ids)
+            _tell_every_tab(thread_id, [turn], ids)
             log.info("turn forgotten in %s: %d recent messages, %d archived, %d record lines, %d notes",
                      thread_id[:13], committed.recent_removed, committed.archive_removed, plan.record_lines,
                      plan.notes_removed)
@@ -152,11 +152,11 @@ def _forget_one(thread_id: str, turn: int, phrase: str | None = None) -> tuple[d
     raise ApiError(409, "conflict", "Memory was changing at that moment; please try again.")
 
 
-def _tell_every_tab(thread_id: str, turn: int, message_ids: list[str]) -> None:
+def _tell_every_tab(thread_id: str, turns: list[int], message_ids: list[str]) -> None:
     """Publish the forget on the thread's events channel (``app.chat.events.forget_frame``): every open socket of
     the session takes the turn off its page.  Best effort: a page that misses it shows the turn until it reloads."""
     try:
-        services().store.publish_event(thread_id, forget_frame(turn, message_ids))
+        services().store.publish_event(thread_id, forget_frame(turns, message_ids))
     except StoreUnavailable:
         log.warning("forget of %s not announced: store unavailable", thread_id[:13])
 

@@ -20,9 +20,9 @@
 /** Before the first delta: what the turn waits behind. @typedef {{type: "waiting", for?: string, message?: string}} WaitingFrame */
 /**
  * Compaction status; may also arrive between turns. A forget (from any tab of the session) is one with
- * `step: "forget"`, the turn's number and its message ids.
+ * `step: "forget"`, the turns' numbers and their message ids.
  * @typedef {{type: "memory", status?: "started" | "succeeded" | "failed" | string, message?: string,
- *            step?: string, forgottenTurn?: number, messageIds?: unknown[]}} MemoryFrame
+ *            step?: string, forgottenTurns?: number[], messageIds?: unknown[]}} MemoryFrame
  */
 /**
  * The end of a turn. `saved: false` (with a `reason`) when a completed or blocked turn was not written.
