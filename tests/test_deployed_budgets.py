@@ -244,6 +244,17 @@ def test_ipv6_clients_count_by_their_network(web):
     assert Client(web, "2001:db8:6:2::1", session=False).request("GET", "/api/chat/thread").status_code == 200
 
 
+def test_ipv6_clients_hold_their_open_sockets_by_network(web):
+    clients = [Client(web, f"2001:db8:7:1::{i}") for i in range(1, 5)]
+    opened = [client.open() for client in clients[:3]]
+    assert [served_or_close(ws) for ws in opened] == ["served"] * 3  # each has its place now
+    assert served_or_close(clients[3].open()) == 4429
+    elsewhere = Client(web, "2001:db8:7:2::1")
+    assert served_or_close(elsewhere.open()) == "served"
+    for client in [*clients, elsewhere]:
+        client.close()
+
+
 def test_an_ipv4_address_counts_once_whatever_its_spelling(web):
     spellings = ["198.51.100.250", "::ffff:198.51.100.250", "::ffff:c633:64fa", "0:0:0:0:0:ffff:c633:64fa",
                  "[::ffff:198.51.100.250]"]
