@@ -306,6 +306,9 @@ class Settings(BaseSettings):
     # Host names requests may name (comma-separated; a leading "." allows subdomains); unset: in production
     # the hosts of ALLOWED_ORIGINS (any host when none), elsewhere loopback names only (``host_allowed``).
     trusted_hosts: tuple[str, ...] = Field((), validation_alias="TRUSTED_HOSTS")
+    # Leading bits of an IPv6 address that name one client in every per-client budget (a /64 is one home or
+    # one host's whole range); IPv4 addresses, IPv4-mapped ones included, count one by one.
+    client_ipv6_prefix: int = Field(64, validation_alias="CLIENT_IPV6_PREFIX", ge=16, le=128)
     ws_max_per_client: int | None = Field(None, validation_alias="WS_MAX_PER_CLIENT", ge=0)
     ws_new_per_minute: int | None = Field(None, validation_alias="WS_NEW_PER_MINUTE", ge=0)
     turns_per_minute_per_client: int | None = Field(None, validation_alias="TURNS_PER_MINUTE_PER_CLIENT", ge=0)

@@ -3,7 +3,9 @@
 A summary line opens the turn it came from (GET /api/chat/turns/<n>, shown as plain text) and forgets it;
 "Forget this" in a message's menu forgets that turn and names the pins that quote it; "Forget everything
 about…" previews by place and forgets only the checked turns; the thread downloads as JSON and as
-Markdown; the panel says which turns the archive no longer keeps (docs/contract.md: HTTP).
+Markdown; the panel says which turns the archive no longer keeps (docs/contract.md: HTTP).  A forget reaches
+every open tab of the session (a memory frame); New chat clears every notice and the old conversation's history;
+the turn and forget dialogs open at their top; the history's forget entry names its turn.
 """
 
 from __future__ import annotations
@@ -268,4 +270,103 @@ def test_the_panel_says_which_turns_the_archive_no_longer_keeps(make_live_app, a
     assert page.get_by_test_id("turn-where").inner_text() == \
         "Gone: the archive keeps only the newest turns, and this one was dropped."
     assert page.get_by_test_id("turn-dialog-forget").is_visible()  # its summary lines can still be forgotten
+    assert page.errors == []
+
+
+# -- the page after a forget and after New chat (docs/contract.md: WebSocket, the forget frame) -----------------
+
+def test_a_forget_reaches_every_open_tab_of_the_session(make_live_app, app_settings, fake_llm, browser_page):
+    page = browser_page
+    base, _ = start(make_live_app, app_settings, fake_llm, page)
+    send_and_wait(page, base, "My locker code is zebracorn 4471.")
+    send_and_wait(page, base, "We travel by train.")
+    other = page.context.new_page()  # a second tab of the same session, open before the forget
+    other.errors = []
+    other.on("pageerror", lambda exc: other.errors.append(str(exc)))
+    other.goto(base + "/")
+    wait_connected(other)
+    until(other, "() => document.getElementById('messages').textContent.includes('zebracorn')")
+    page.locator("[data-testid=message][data-role=user]").nth(0).get_by_test_id("message-menu").locator("summary").click()
+    page.locator("[data-testid=message][data-role=user]").nth(0).get_by_test_id("forget-message").click()
+    confirm(page)
+    until(page, "() => !document.getElementById('forget-result').hidden")
+    # the other tab takes the turn off its page without a reload, and says so
+    until(other, "() => !document.getElementById('messages').textContent.includes('zebracorn')")
+    assert texts(other, "user") == ["We travel by train."]
+    until(other, "() => document.querySelector('[data-testid=memory-hint]').textContent === 'Turn 1 was forgotten.'")
+    assert other.get_by_test_id("memory-hint").is_visible()
+    assert page.errors == [] and other.errors == []
+    other.close()
+
+
+def test_new_chat_clears_every_notice_and_the_old_conversations_history(make_live_app, app_settings, fake_llm,
+                                                                        browser_page):
+    import time
+
+    page = browser_page
+    base, server = start(make_live_app, app_settings, fake_llm, page)
+    send_and_wait(page, base, "My locker code is zebracorn 4471.")
+    send_and_wait(page, base, "We travel by train.")
+    users = page.locator("[data-testid=message][data-role=user]")
+    users.nth(0).get_by_test_id("message-menu").locator("summary").click()
+    users.nth(0).get_by_test_id("forget-message").click()
+    confirm(page)
+    until(page, "() => document.getElementById('forget-result').textContent === 'Turn 1 was forgotten.'")
+    # the history's entry names its turn
+    until(page, "() => document.querySelector('[data-testid=compaction] .compaction-detail')")
+    entry = page.get_by_test_id("compaction").first
+    assert entry.locator(".badge").inner_text() == "applied · forgotten"
+    assert entry.locator(".compaction-detail").inner_text() == "turn 1 forgotten"
+    page.get_by_test_id("pin-input").fill("\u200b")
+    page.get_by_test_id("pin-add").click()
+    until(page, "() => !document.getElementById('pin-error').hidden")
+
+    page.once("dialog", lambda d: d.accept())
+    page.locator("#new-chat").click()
+    until(page, "() => !document.querySelector('[data-testid=message]')")
+    for notice in ("forget-result", "forget-error", "pin-error", "memory-hint"):
+        assert not page.get_by_test_id(notice).is_visible(), notice
+    assert page.locator("[data-testid=compaction]").count() == 0
+    # a refinement of the old conversation that ends after the clear is recorded there as discarded:
+    # it began before the new chat, so this conversation's history does not list it
+    thread_id = page.request.get(base + "/api/chat/thread").json()["threadId"]
+    store = server.app.extensions["chat"].store
+    now = int(time.time() * 1000)
+    send_and_wait(page, base, "A new question.")
+    assert store.record_compaction(thread_id, {"at": now + 1, "outcome": "stale", "reason": "generation",
+                                               "step": "refine", "durationMs": 30_000}, 50)
+    send_and_wait(page, base, "Another question.")
+    stats = page.request.get(base + "/api/chat/stats").json()
+    assert [c["reason"] for c in stats["compactions"]] == ["generation"]  # the store holds it ...
+    assert page.locator("[data-testid=compaction]").count() == 0  # ... the page does not show it
+    assert page.errors == []
+
+
+LONG_ANSWER = "\n\n".join(f"Paragraph {i}: " + "the venue list goes on and on. " * 6 for i in range(40))
+
+
+def test_the_turn_and_forget_dialogs_open_at_their_top(make_live_app, app_settings, fake_llm, browser_page):
+    page = browser_page
+    base, _ = start(make_live_app, app_settings, fake_llm, page)
+    fake_llm.default = lambda body: Reply(text=LONG_ANSWER, first_token_delay=0.01, usage=None)
+    planted = "My locker code is zebracorn 4471."
+    send_and_wait(page, base, planted)
+    top = """id => { const d = document.getElementById(id); const first = d.querySelector('.turn-msg');
+                     return [d.open, d.scrollHeight > d.clientHeight + 100, d.scrollTop,
+                             first.getBoundingClientRect().top < d.getBoundingClientRect().bottom]; }"""
+    users = page.locator("[data-testid=message][data-role=user]")
+    users.nth(0).get_by_test_id("message-menu").locator("summary").click()
+    users.nth(0).get_by_test_id("forget-message").click()
+    until(page, "() => document.getElementById('confirm-dialog').open")
+    assert page.evaluate(top, "confirm-dialog") == [True, True, 0, True]
+    assert page.locator("#confirm-quote .turn-msg").first.is_visible()
+    assert planted in page.locator("#confirm-quote .turn-msg").first.inner_text()
+    page.get_by_test_id("confirm-cancel").click()
+    until(page, "() => !document.getElementById('confirm-dialog').open")
+    page.evaluate("() => window.scrollTo(0, 0)")
+    # "Why does it know this?" (a summary line or the inspector) opens the turn: the page's own module, called
+    page.evaluate("n => import(new URL('forget.js', document.querySelector('script[type=module]').src).href)"
+                  ".then(m => m.openTurn(n))", 1)
+    until(page, "() => document.getElementById('turn-dialog').open")
+    assert page.evaluate(top, "turn-dialog") == [True, True, 0, True]
     assert page.errors == []

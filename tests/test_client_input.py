@@ -7,7 +7,7 @@ import pytest
 
 from app.chat.client_input import ClientRefused, Refusal, load_client
 from app.chat.frames import load_client_frame
-from app.web.bodies import FEEDBACK_BODY, pin_body
+from app.web.bodies import FEEDBACK_BODY, PHRASE_QUERY, forget_body, pin_body
 
 OTHERWISE = Refusal("bad_request", "Send a JSON object.")
 
@@ -27,7 +27,9 @@ def test_a_message_frame_loads_its_text_and_id_and_ignores_other_keys():
 
 @pytest.mark.parametrize("frame, code", [
     ({"text": 42, "id": "bad id"}, "empty_input"),  # the text is checked before the id
-    ({"text": "\x00", "id": "bad id"}, "invalid_text"),
+    ({"text": "\x00", "id": "bad id"}, "empty_input"),  # NUL and zero-width characters alone are blank
+    ({"text": "\x00\u200b \u2060", "id": "bad id"}, "empty_input"),
+    ({"text": "a\x00", "id": "bad id"}, "invalid_text"),
     ({"text": "x" * 11}, "input_too_long"),
     ({"text": "ok", "id": 7}, "invalid_id"),
 ])
@@ -60,3 +62,14 @@ def test_a_feedback_body_trims_its_reason_and_checks_fields_in_order():
         "reason_too_long")
     assert load_client(FEEDBACK_BODY, {"messageId": "m_1", "rating": "up", "reason": " " + "y" * 500 + " "},
                        OTHERWISE)["reason"] == "y" * 500
+
+
+def test_a_forget_body_loads_its_turns_and_phrase_and_ignores_other_keys():
+    schema = forget_body(3, "hint")
+    assert load_client(schema, {"turns": [3, 1, 3], "phrase": " zebra ", "why": "old"}, OTHERWISE) == {
+        "turns": [1, 3], "phrase": "zebra"}
+    assert load_client(schema, {"turns": [2]}, OTHERWISE) == {"turns": [2], "phrase": None}
+    assert refusal(schema, {"turns": [1, 2, 3, 4]}) == ("bad_request", "hint")
+    assert refusal(schema, {"turns": [1], "phrase": "\u200b\x00"})[0] == "bad_request"
+    assert refusal(PHRASE_QUERY, {"phrase": "\ufeff"})[0] == "bad_request"
+    assert load_client(PHRASE_QUERY, {"phrase": " ｚｅｂｒａ "}, OTHERWISE) == {"phrase": "ｚｅｂｒａ"}

@@ -9,7 +9,9 @@ production default), so ``X-Forwarded-For`` names the client as a platform's rou
 - Per address: open sockets (``WS_MAX_PER_CLIENT``, close 4429), new sockets a minute (``WS_NEW_PER_MINUTE``,
   close 4430), turns a minute per session and per address (error ``rate_limited`` with ``retryAfter``), new
   sessions an hour (429 ``session_limit``), API writes a minute (429 ``rate_limited`` with ``Retry-After``);
-  another address is served meanwhile.
+  another address is served meanwhile.  The addresses of one IPv6 /64 are one client, and an IPv4 address is
+  one client whatever its spelling (``::ffff:a.b.c.d``, ``::ffff:XXXX:XXXX``); a message refused before its
+  turn starts (blank, malformed, too long for the frame or the model's context) spends no turn.
 - The store's budget: a first turn that wrote nothing leaves no key; past ``STORE_FULL_FRACTION`` of the
   store's ``maxmemory`` a new thread's turn is refused (``store_full``) while an existing thread goes on.
 - An incoming frame over 12 × ``MAX_INPUT_CHARS`` + 1024 bytes closes the socket (1009).
@@ -232,6 +234,59 @@ def test_new_sessions_per_hour_per_address(web):
     assert "Too many new chats" in page.text
     assert all(c.request("GET", "/api/chat/thread").status_code == 200 for c in clients)  # sessions go on
     assert Client(web).request("GET", "/api/chat/thread").status_code == 200  # another address
+
+
+def test_ipv6_clients_count_by_their_network(web):
+    """Ten addresses of one /64 (``CLIENT_IPV6_PREFIX``'s default) are one client: four new sessions an hour."""
+    statuses = [Client(web, f"2001:db8:6:1::{i:x}", session=False).request("GET", "/api/chat/thread").status_code
+                for i in range(1, 11)]
+    assert statuses == [200] * 4 + [429] * 6
+    assert Client(web, "2001:db8:6:2::1", session=False).request("GET", "/api/chat/thread").status_code == 200
+
+
+def test_ipv6_clients_hold_their_open_sockets_by_network(web):
+    clients = [Client(web, f"2001:db8:7:1::{i}") for i in range(1, 5)]
+    opened = [client.open() for client in clients[:3]]
+    assert [served_or_close(ws) for ws in opened] == ["served"] * 3  # each has its place now
+    assert served_or_close(clients[3].open()) == 4429
+    elsewhere = Client(web, "2001:db8:7:2::1")
+    assert served_or_close(elsewhere.open()) == "served"
+    for client in [*clients, elsewhere]:
+        client.close()
+
+
+def test_an_ipv4_address_counts_once_whatever_its_spelling(web):
+    spellings = ["198.51.100.250", "::ffff:198.51.100.250", "::ffff:c633:64fa", "0:0:0:0:0:ffff:c633:64fa",
+                 "[::ffff:198.51.100.250]"]
+    statuses = [Client(web, address, session=False).request("GET", "/api/chat/thread").status_code
+                for address in spellings]
+    assert statuses == [200] * 4 + [429]
+    sockets = [Client(web, address) for address in ("198.51.100.251", "::ffff:c633:64fb", "::FFFF:198.51.100.251")]
+    opened = [client.open() for client in sockets]
+    assert [served_or_close(ws) for ws in opened] == ["served"] * 3
+    assert served_or_close(Client(web, "::ffff:198.51.100.251", session=True).open()) == 4429
+    for client in sockets:
+        client.close()
+
+
+def test_messages_refused_before_their_turn_spend_no_quota(web):
+    """Blank, malformed, too long for the frame or for the model's context, a bad id: none is a turn, so the
+    session's two turns a minute are still both there afterwards."""
+    client = Client(web)
+    ws = client.open()
+    refusals = [turn(ws, "  \u200b ")[0]["code"], turn(ws, "x" * 20_000)[0]["code"]]
+    ws.send(json.dumps({"type": "message", "text": "hi", "id": "not an id!"}))
+    refusals.append(recv_json(ws)["code"])
+    ws.send("{not json")
+    refusals.append(recv_json(ws)["code"])
+    for _ in range(3):  # within MAX_INPUT_CHARS, over the model's context window
+        ws.send(json.dumps({"type": "message", "text": "好 " * 5_900}, ensure_ascii=False))
+        refusals.append(recv_json(ws)["code"])
+    assert refusals == ["empty_input", "input_too_long", "invalid_id", "invalid_json"] + ["input_too_long"] * 3
+    assert [turn(ws, question)[-1]["status"] for question in ("a short question", "another")] == ["completed"] * 2
+    [refused] = turn(ws, "a third")
+    assert refused["code"] == "rate_limited"
+    client.close()
 
 
 def test_api_writes_per_minute_per_address(web):

@@ -18,8 +18,9 @@ import socket
 import pytest
 import websocket
 
-from app.settings import QUOTA_DEFAULTS, Settings
+from app.settings import QUOTA_DEFAULTS, ConfigError, Settings
 from app.store.keys import ThreadKeys
+from app.store.quotas import client_of
 from chat_support.fake_llm import Reply
 from chat_support.live_app import ChatClient
 from chat_support.polling import wait_until
@@ -43,6 +44,33 @@ def test_trusted_hosts_in_production():
     assert listed.trusted_hosts == (".example.com", "other.test")
     assert all(listed.host_allowed(h) for h in ("example.com", "a.example.com", "other.test:443"))
     assert not any(listed.host_allowed(h) for h in ("badexample.com", "sub.other.test"))
+
+
+@pytest.mark.parametrize("address, prefix, client", [
+    ("198.51.100.7", 64, "198.51.100.7"),
+    ("::ffff:198.51.100.7", 64, "198.51.100.7"),
+    ("::ffff:c633:6407", 64, "198.51.100.7"),
+    ("0:0:0:0:0:FFFF:C633:6407", 64, "198.51.100.7"),
+    ("[::ffff:198.51.100.7]", 64, "198.51.100.7"),
+    ("2001:db8:1:2:aaaa::1", 64, "2001:db8:1:2::/64"),
+    ("2001:0DB8:0001:0002:ffff:ffff:ffff:ffff", 64, "2001:db8:1:2::/64"),
+    ("[2001:db8:1:2::9]", 64, "2001:db8:1:2::/64"),
+    ("fe80::1%eth0", 64, "fe80::/64"),
+    ("2001:db8:1:2::9", 48, "2001:db8:1::/48"),
+    ("2001:db8:1:2::9", 128, "2001:db8:1:2::9/128"),
+    ("not an address", 64, "not an address"),
+    ("", 64, "unknown"),
+    (None, 64, "unknown"),
+])
+def test_an_address_counts_as_its_client(address, prefix, client):
+    assert client_of(address, prefix) == client
+
+
+def test_the_ipv6_prefix_is_a_bounded_setting():
+    assert Settings().client_ipv6_prefix == 64
+    assert Settings.from_env({"CLIENT_IPV6_PREFIX": "56"}).client_ipv6_prefix == 56
+    with pytest.raises(ConfigError):
+        Settings.from_env({"CLIENT_IPV6_PREFIX": "129"})
 
 
 def test_quotas_take_their_defaults_in_production_only():

@@ -91,8 +91,13 @@ def without_format_characters(text: str) -> str:
 
 
 def is_blank(text: str) -> bool:
-    """True when ``text`` holds nothing visible: only whitespace and format characters (category Cf)."""
-    return not without_format_characters(text).strip()
+    """True when ``text`` holds nothing visible once NFKC-normalised: only whitespace, format characters
+    (category Cf: zero-width spaces and joiners, bidirectional marks...) and control characters (category Cc:
+    NUL...).  One rule for every text a person sends (docs/contract.md: HTTP, blank text)."""
+    if text.isascii():
+        return not "".join(ch for ch in text if ch.isprintable()).strip()
+    normalised = unicodedata.normalize("NFKC", text)
+    return not "".join(ch for ch in normalised if unicodedata.category(ch) not in ("Cf", "Cc")).strip()
 
 
 def refuse(refusal: Refusal) -> ValidationError:

@@ -1,6 +1,6 @@
 """Compaction status for open sockets: one subscriber per web process, whichever node holds the thread.
 
-Workers publish ``{"type":"memory",...}`` JSON on ``mem:{hex}:events``
+Workers (and a forget: ``forget_frame``) publish ``{"type":"memory",...}`` JSON on ``mem:{hex}:events``
 (``ThreadStore.publish_event``); the hub hands each frame to the sockets open for
 that thread in this process.  Two transports, by store:
 
@@ -36,6 +36,17 @@ from app.store.keys import EVENTS_PATTERN, ThreadKeys, thread_id_from_events_cha
 from app.store.redis_client import StoreClient
 
 log = logging.getLogger(__name__)
+
+def forget_frame(turns: list[int], message_ids: list[str]) -> dict:
+    """The ``memory`` frame a forget publishes on its thread's channel, so every open socket of the thread (every
+    tab of the session, on any web process) takes the turns off its page (docs/contract.md: WebSocket):
+    ``{"type": "memory", "status": "succeeded", "step": "forget", "forgottenTurns": [n], "messageIds": [str],
+    "message": "Turn n was forgotten."}`` (``"Turns 3, 5 were forgotten."`` for several)."""
+    numbers = sorted(int(t) for t in turns)
+    said = f"Turn {numbers[0]} was" if len(numbers) == 1 else f"Turns {', '.join(map(str, numbers))} were"
+    return {"type": "memory", "status": "succeeded", "step": "forget", "forgottenTurns": numbers,
+            "messageIds": list(message_ids), "message": f"{said} forgotten."}
+
 
 # Called with each memory event frame of its thread; what it returns is ignored (a socket's ``send`` says
 # whether the frame went out).

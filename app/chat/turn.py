@@ -10,6 +10,7 @@ A turn's life (``docs/contract.md``, WebSocket; README: "A turn")::
            "reason": "thread_cleared", nothing written (a clear is final for everything that started before it)
        \\-> the store refused or failed the commit, or the final-turn adapter rejected the text: done
            "completed" with "saved": false and "reason" "store_unavailable" or "rejected"
+       \\-> the commit's reply was lost and reading back failed too: done "completed" with "saved": "unknown"
 
 What produces the answer is a *producer* (``app.runtime.producer``: plain chat by
 default; tools, the task-list agent and the delivery workflow are chosen by
@@ -43,7 +44,7 @@ from app.runtime.chat import ChatProducer
 from app.runtime.producer import Producer, ProducerError, ProducerResult, TurnIO
 from app.store.archive import load_turn_memory
 from app.store.archive import set_cache_bytes as set_archive_cache_bytes
-from app.store.thread_store import StoreUnavailable
+from app.store.thread_store import OutcomeUnknown, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,8 @@ class TurnOutcome:
             (``thread_cleared``, ``store_unavailable``, ``rejected``, ``message_id_reused``, ``memory_full``;
             the done frame's ``reason``), or None.
         error_code: the contract error code of a failed turn.
+        saved_unknown: True when the commit's reply was lost and reading back failed too: the turn may be
+            stored (the done frame's ``"saved": "unknown"``; the page reads the thread again).
         user_message_id: the user message id of the turn.
     """
 
@@ -90,6 +93,7 @@ class TurnOutcome:
     cleared: bool = False
     unsaved_reason: str | None = None
     error_code: str | None = None
+    saved_unknown: bool = False
 
     @property
     def first_token_ms(self) -> float | None:
@@ -306,7 +310,8 @@ class Turn(TurnIO):
         outcome.answer = result.text
         commit = self._commit(result)
         with self._lock:
-            unsaved = {"saved": False, "reason": outcome.unsaved_reason} if outcome.unsaved_reason else {}
+            unsaved = ({"saved": False, "reason": outcome.unsaved_reason} if outcome.unsaved_reason
+                       else {"saved": "unknown"} if outcome.saved_unknown else {})
             self._finish(status.done_status, **unsaved)  # docs/contract.md: WebSocket, the done frame
         if commit is not None:
             # After done: enqueueing costs a Celery publish (~2 ms) that the person need not wait for.
@@ -326,6 +331,10 @@ class Turn(TurnIO):
         except TurnRejected as exc:
             log.warning("turn on %s not written: %s", self.thread_id[:13], exc.reason)
             self.outcome.unsaved_reason = "rejected"
+            return
+        except OutcomeUnknown:
+            log.error("turn on %s: commit's reply lost and not read back: saved unknown", self.thread_id[:13])
+            self.outcome.saved_unknown = True
             return
         except StoreUnavailable:
             log.error("turn on %s not written: store unavailable", self.thread_id[:13])

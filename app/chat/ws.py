@@ -27,6 +27,7 @@ from app.identity import current_thread_id
 from app.memory.context import ContextTooLong
 from app.observability.metrics import count_refusal, websocket_closed, websocket_opened
 from app.runtime.producers import CommandError, choose_producer
+from app.store.quotas import client_of
 from app.store.redis_client import make_redis
 from app.store.thread_store import CorruptState, StoreUnavailable
 
@@ -119,9 +120,10 @@ def _claim_session_place(svc: Services, thread_id: str, socket_id: str) -> bool:
         return True
 
 
-def client_address() -> str:
-    """The request's client address as the router reports it (``TRUSTED_PROXIES``: werkzeug's ProxyFix)."""
-    return request.remote_addr or "unknown"
+def client_address(svc: Services) -> str:
+    """The client the request's address counts as (``TRUSTED_PROXIES``: werkzeug's ProxyFix), as every
+    budget counts it (``app.store.quotas.client_of``)."""
+    return client_of(request.remote_addr, svc.settings.client_ipv6_prefix)
 
 
 def _client_refusal(svc: Services, address: str, socket_id: str) -> tuple[int, str] | None:
@@ -155,7 +157,7 @@ def _release_client_place(svc: Services, address: str, socket_id: str) -> None:
 def _serve(ws, writer: FrameWriter) -> None:
     svc = services()
     thread_id = current_thread_id()
-    address = client_address()
+    address = client_address(svc)
     socket_id = uuid.uuid4().hex
     refusal = _client_refusal(svc, address, socket_id)
     if refusal is not None:
@@ -220,24 +222,30 @@ def _serve_claimed(ws, writer: FrameWriter, svc: Services, thread_id: str, addre
             pass  # the lease ends by itself
 
 
-def _turn_refusal(svc: Services, thread_id: str, address: str) -> tuple[str, str, int | None] | None:
+def _turn_refusal(svc: Services, thread_id: str, address: str, *, spend: bool = False
+                  ) -> tuple[str, str, int | None] | None:
     """``(code, message, retry after seconds or None)`` when a new turn may not start now, else None.
 
     ``rate_limited``: the session's ``TURNS_PER_MINUTE_PER_SESSION`` or the address's
     ``TURNS_PER_MINUTE_PER_CLIENT`` are spent; ``store_full``: the store is past ``STORE_FULL_FRACTION`` of
-    its memory and this thread does not exist yet (existing threads go on).  With the store down nothing
-    is refused here (the turn meets the store's own error).
+    its memory and this thread does not exist yet (existing threads go on).  With ``spend`` False nothing is
+    counted (asked before the turn is prepared); with ``spend`` True the turn is counted (once it is
+    accepted), so a message refused before its turn starts spends no quota (README: Deployment, "Budgets").
+    With the store down nothing is refused here (the turn meets the store's own error).
     """
     quotas = svc.settings.client_quotas
     try:
         for kind, who, most in (("turn_session", thread_id, quotas.turns_per_minute_per_session),
                                 ("turn_client", address, quotas.turns_per_minute_per_client)):
-            if most and not svc.quotas.hit(kind, who, f"{most}/minute"):
+            if not most:
+                continue
+            limit = f"{most}/minute"
+            if not (svc.quotas.hit(kind, who, limit) if spend else svc.quotas.allows(kind, who, limit)):
                 count_refusal(kind.replace("turn_", "turns_"))
-                wait = svc.quotas.retry_after(kind, who, f"{most}/minute")
+                wait = svc.quotas.retry_after(kind, who, limit)
                 return ("rate_limited", f"You're sending messages too fast. Please wait {wait} s and try again.",
                         wait)
-        if store_full(svc) and not svc.quotas.thread_exists(thread_id):
+        if not spend and store_full(svc) and not svc.quotas.thread_exists(thread_id):
             count_refusal("store_full")
             return ("store_full", "The service is full right now, so new conversations can't start. "
                                   "Please try again later.", None)
@@ -299,6 +307,12 @@ def _handle(svc: Services, writer: FrameWriter, thread_id: str, data, turn: Turn
     except CorruptState:
         new.abandon()
         writer.error("memory_unreadable", "This conversation's memory can't be read. Start a new chat to go on.")
+        return turn
+    refused = _turn_refusal(svc, thread_id, address, spend=True)
+    if refused is not None:  # another socket of this client took the last place meanwhile
+        new.abandon()
+        code, message, wait = refused
+        writer.error(code, message, **({"retryAfter": wait} if wait else {}))
         return turn
     threading.Thread(target=new.run, args=(context,), name="chat-turn", daemon=True).start()
     return new

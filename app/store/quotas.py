@@ -1,7 +1,11 @@
 """What one client may take from the shared store and sockets (README: Deployment, "Budgets").
 
+- ``client_of(address, ipv6_prefix)``: the client a network address counts as (an IPv4 address; an IPv6
+  address's network of ``CLIENT_IPV6_PREFIX`` bits; an IPv4-mapped IPv6 address is its IPv4 address),
+  so one client is counted once whatever the spelling of its address.
 - ``Quotas.hit(kind, who, limit)``: one more request counted against a rate limit (the ``limits`` library's
-  fixed windows in Redis, keys ``quota:LIMITER/...``); False when over it.
+  fixed windows in Redis, keys ``quota:LIMITER/...``); False when over it.  ``Quotas.allows`` asks without
+  counting (a request that may still be refused for another reason is counted only once it is accepted).
 - ``Quotas.claim_client_socket`` / ``renew_client_socket`` / ``release_client_socket``: a lease per open
   websocket of one network address (``lua/claim_socket.lua`` on ``client_sockets_key``).
 - ``Quotas.record_turn_stats``: a turn's accounting record, kept only while its thread exists
@@ -15,6 +19,7 @@ that cannot count does not refuse anyone, and the turn itself then meets the sto
 from __future__ import annotations
 
 import functools
+import ipaddress
 import logging
 import time
 from pathlib import Path
@@ -30,6 +35,32 @@ from app.store.thread_store import StoreUnavailable
 
 log = logging.getLogger(__name__)
 LUA_DIR = Path(__file__).with_name("lua")
+
+
+def client_of(address: str | None, ipv6_prefix: int = 64) -> str:
+    """The client ``address`` (a request's remote address) counts as in every per-client budget.
+
+    Args:
+        address: an IPv4 or IPv6 address as a proxy reports it (brackets and an IPv6 zone allowed).
+        ipv6_prefix: bits of an IPv6 address that name one client (``CLIENT_IPV6_PREFIX``, 1-128).
+
+    Returns:
+        ``"a.b.c.d"`` for IPv4 (also written as ``::ffff:a.b.c.d`` or ``::ffff:XXXX:XXXX``), else the IPv6
+        network ``"2001:db8:1:2::/64"`` in its compressed form; anything that is not an address as given
+        (trimmed), ``"unknown"`` when empty.
+    """
+    text = (address or "").strip()
+    if text.startswith("[") and "]" in text:
+        text = text[1:text.index("]")]
+    try:
+        parsed = ipaddress.ip_address(text.split("%", 1)[0])
+    except ValueError:
+        return text or "unknown"
+    if isinstance(parsed, ipaddress.IPv6Address):
+        if parsed.ipv4_mapped is not None:
+            return str(parsed.ipv4_mapped)
+        return str(ipaddress.IPv6Network((parsed, ipv6_prefix), strict=False))
+    return str(parsed)
 
 
 def _guard(fn):
@@ -76,6 +107,13 @@ class Quotas:
         if not limit or limit.strip() == "0":
             return True
         return self._limiter.hit(parse(limit), quota_identity(kind, who))
+
+    @_guard
+    def allows(self, kind: str, who: str, limit: str) -> bool:
+        """True when one more request of ``kind`` by ``who`` is within ``limit``, counting nothing."""
+        if not limit or limit.strip() == "0":
+            return True
+        return self._limiter.test(parse(limit), quota_identity(kind, who))
 
     @_guard
     def retry_after(self, kind: str, who: str, limit: str) -> int:

@@ -10,8 +10,10 @@ without retries (``redis_client.without_retries``).  When the reply of a commit 
 of a compaction's compare-and-set is lost after the command was sent (a timeout,
 a closed connection), the outcome is settled by reading the thread back (is the
 commit's assistant message id stored?  did ``gen`` move on with this fold's
-``lastCompactedAt``?) before it is reported; when the read-back fails too, the
-call raises ``StoreUnavailable`` (docs/contract.md: the done frame).
+``lastCompactedAt``?  is the forgotten turn in ``fgt``?  do the pins read as written?) before it is
+reported; when the read-back fails too, the call raises ``OutcomeUnknown`` (a ``StoreUnavailable``: the
+write may have happened; docs/contract.md: the done frame's ``"saved": "unknown"``, HTTP "outcome unknown").
+Only a read-back that finds the write absent reports it as not written.
 """
 
 from __future__ import annotations
@@ -46,6 +48,11 @@ LUA_DIR = Path(__file__).with_name("lua")
 
 class StoreUnavailable(RuntimeError):
     """The store could not be reached or answered with an error.  Its text is for logs only."""
+
+
+class OutcomeUnknown(StoreUnavailable):
+    """A memory-changing script was sent, its reply was lost and reading the thread back failed too: it may
+    or may not have been applied (never "not written").  Its text is for logs only."""
 
 
 class CorruptState(RuntimeError):
@@ -111,6 +118,8 @@ class ForgetCommit:
     version: int = 0
     recent_removed: int = 0
     archive_removed: int = 0
+    settled: bool = False
+    """True when the reply was lost and the outcome was read back (``archive_removed`` is then not known: 0)."""
 
 
 @dataclass(frozen=True)
@@ -383,7 +392,8 @@ class ThreadStore:
         (``policy.hard_cap_messages``) is refused (``full``).  A lost reply is settled by reading back.
 
         Raises:
-            StoreUnavailable: Redis failed, or the reply was lost and the read-back failed too.
+            OutcomeUnknown: the reply was lost and the read-back failed too (the turn may be stored).
+            StoreUnavailable: Redis failed before the script ran, or the read-back found the turn not written.
         """
         keys = ThreadKeys(thread_id)
         try:
@@ -409,7 +419,7 @@ class ThreadStore:
             ids = {m.get("id") for m in messages if isinstance(m, dict)}
         except (redis.RedisError, ValueError, TypeError) as exc:
             self._report_error("commit_messages")
-            raise StoreUnavailable(f"lost reply not settled: {lost}; {type(exc).__name__}") from exc
+            raise OutcomeUnknown(f"lost reply not settled: {lost}; {type(exc).__name__}") from exc
         version = int(raw[1] or 0)
         if assistant.id in ids or user.id in ids:
             log.warning("commit on %s settled by reading back: %s", thread_id[:13],
@@ -442,14 +452,39 @@ class ThreadStore:
         Succeeds on a corrupt thread too (``CorruptState`` on read): it is replaced by a valid
         empty one, logged at WARNING.
 
+        A lost reply is settled by reading back: the clear counter moved past what it was before (read
+        before the script; a thread that did not exist reads 0).
+
         Raises:
+            OutcomeUnknown: the reply was lost and the read-back failed too (the thread may be cleared).
             StoreUnavailable: Redis failed or refused the write; nothing was changed.
         """
         keys = ThreadKeys(thread_id)
-        version, repaired = self._write(self._clear, keys.ttl_keys() + keys.markers(), [self.ttl])
+        try:
+            before = self.redis.hget(keys.state, "clr")
+        except redis.ResponseError:  # not a hash: corrupt, the script replaces it
+            before = None
+        try:
+            version, repaired = self._write(self._clear, keys.ttl_keys() + keys.markers(), [self.ttl])
+        except Unsettled as exc:
+            return self._settle_clear(thread_id, before, exc)
         if repaired:
             log.warning("clear repaired the corrupt thread %s", thread_id[:13])
         return int(version)
+
+    def _settle_clear(self, thread_id: str, before: str | None, lost: Unsettled) -> int:
+        """A clear whose reply was lost: cleared when ``clr`` is no longer ``before`` (the script moves it on,
+        ``lua/clear_thread.lua``); the version read back is returned."""
+        try:
+            cleared, version = self.redis.hmget(ThreadKeys(thread_id).state, "clr", "v")
+        except redis.RedisError as exc:
+            self._report_error("clear")
+            raise OutcomeUnknown(f"lost reply not settled: {lost}; {type(exc).__name__}") from exc
+        if cleared is not None and cleared != before:
+            log.warning("clear of %s settled by reading back: cleared", thread_id[:13])
+            return int(version or 0)
+        self._report_error("clear")
+        raise StoreUnavailable(f"lost reply settled by reading back: not cleared ({lost})")
 
     @_guard
     def apply_compaction(self, thread_id: str, *, expected_gen: int, folded_ids: list[str], record: Record,
@@ -512,10 +547,13 @@ class ThreadStore:
         and push ``entry`` (numbers and categories only) on the history capped at ``max_entries``; the feedback on
         ``turn_message_ids`` (every message of the turn, recent or archived) goes too.
 
-        A lost reply is not settled here: the caller reads the thread again (a forget is idempotent).
+        A lost reply is settled by reading back (``_settle_forget``): applied when ``turn`` is among the
+        forgotten turns (``fgt``) and the generation moved on; else not applied (the caller reads the thread
+        again; a forget is idempotent).
 
         Raises:
-            StoreUnavailable: Redis failed.
+            OutcomeUnknown: the reply was lost and the read-back failed too (the turn may be forgotten).
+            StoreUnavailable: Redis failed before the script ran.
         """
         keys = ThreadKeys(thread_id)
         try:
@@ -525,10 +563,26 @@ class ThreadStore:
                                   _dumps(list(notes)), json.dumps(entry, separators=(",", ":")), int(max_entries),
                                   self.ttl, _dumps(list(turn_message_ids))])
         except Unsettled as exc:
-            raise StoreUnavailable(str(exc)) from exc
+            return self._settle_forget(thread_id, expected_gen, [turn], len(message_ids), exc)
         if not int(result[0]):
             return ForgetCommit(False)
         return ForgetCommit(True, int(result[1]), int(result[2]), int(result[3]))
+
+    def _settle_forget(self, thread_id: str, expected_gen: int, turns: Sequence[int], recent: int,
+                       lost: Unsettled) -> ForgetCommit:
+        """A forget whose reply was lost: applied when every one of ``turns`` is in ``fgt`` and ``gen`` is past
+        ``expected_gen`` (the ``recent`` messages it removed, read under that generation, went with it)."""
+        try:
+            gen, forgotten, version = self.redis.hmget(ThreadKeys(thread_id).state, "gen", "fgt", "v")
+            forgotten_turns = _forgotten_turns(forgotten)
+        except (redis.RedisError, ValueError, TypeError) as exc:
+            self._report_error("forget_turn")
+            raise OutcomeUnknown(f"lost reply not settled: {lost}; {type(exc).__name__}") from exc
+        applied = set(turns) <= set(forgotten_turns) and int(gen or 0) > expected_gen
+        log.warning("forget on %s settled by reading back: %s", thread_id[:13], "applied" if applied else "not applied")
+        if applied:
+            return ForgetCommit(True, int(version or 0), recent_removed=recent, settled=True)
+        return ForgetCommit(False, settled=True)
 
     def _settle_cas(self, thread_id: str, expected_gen: int, field_name: str, written: str,
                     lost: Unsettled) -> CompactionCommit:
@@ -538,7 +592,7 @@ class ThreadStore:
             gen, value, version = self.redis.hmget(ThreadKeys(thread_id).state, "gen", field_name, "v")
         except redis.RedisError as exc:
             self._report_error("apply_compaction")
-            raise StoreUnavailable(f"lost reply not settled: {lost}; {type(exc).__name__}") from exc
+            raise OutcomeUnknown(f"lost reply not settled: {lost}; {type(exc).__name__}") from exc
         applied = str(gen or "0") == str(expected_gen + 1) and value == written
         log.warning("compare-and-set on %s settled by reading back: %s", thread_id[:13],
                     "applied" if applied else "not applied")
@@ -564,23 +618,51 @@ class ThreadStore:
 
     @_guard
     def set_pins(self, thread_id: str, *, expected_gen: int, pins: list[Pin]) -> bool:
-        """Replace the pins if the generation is still ``expected_gen``; False when stale."""
+        """Replace the pins if the generation is still ``expected_gen``; False when stale.  A lost reply is
+        settled by reading back (``_settle_pins``).
+
+        Raises:
+            OutcomeUnknown: the reply was lost and the read-back failed too.
+            StoreUnavailable: Redis failed before the script ran.
+        """
         keys = ThreadKeys(thread_id)
-        result = self._write(self._set_pins, keys.ttl_keys(),
-                             [str(expected_gen), _dumps([p.to_dict() for p in pins]), self.ttl])
+        pins_json = _dumps([p.to_dict() for p in pins])
+        try:
+            result = self._write(self._set_pins, keys.ttl_keys(), [str(expected_gen), pins_json, self.ttl])
+        except Unsettled as exc:
+            return self._settle_pins(thread_id, expected_gen, {"pins": pins_json}, exc)
         return bool(result[0])
+
+    def _settle_pins(self, thread_id: str, expected_gen: int, written: dict[str, str], lost: Unsettled) -> bool:
+        """A pins (and notes) write whose reply was lost: applied when ``gen`` is past ``expected_gen`` and
+        every field of ``written`` holds what it wrote; else False, as a stale write (the caller reads again)."""
+        names = list(written)
+        try:
+            gen, *values = self.redis.hmget(ThreadKeys(thread_id).state, "gen", *names)
+        except redis.RedisError as exc:
+            self._report_error("set_pins")
+            raise OutcomeUnknown(f"lost reply not settled: {lost}; {type(exc).__name__}") from exc
+        applied = int(gen or 0) > expected_gen and values == [written[name] for name in names]
+        log.warning("pins of %s settled by reading back: %s", thread_id[:13], "applied" if applied else "not applied")
+        return applied
 
     @_guard
     def set_pins_and_notes(self, thread_id: str, *, expected_gen: int, pins: list[Pin], notes: list[str]) -> bool:
         """Replace the person's pins and the model's notes together if the generation is still
         ``expected_gen`` (``lua/set_notes.lua``); False when stale or the thread does not exist.
 
+        A lost reply is settled by reading back (``_settle_pins``).
+
         Raises:
-            StoreUnavailable: Redis failed; nothing was written.
+            OutcomeUnknown: the reply was lost and the read-back failed too.
+            StoreUnavailable: Redis failed before the script ran; nothing was written.
         """
         keys = ThreadKeys(thread_id)
-        result = self._write(self._set_notes, keys.ttl_keys(),
-                             [str(expected_gen), _dumps([p.to_dict() for p in pins]), _dumps(list(notes)), self.ttl])
+        pins_json, notes_json = _dumps([p.to_dict() for p in pins]), _dumps(list(notes))
+        try:
+            result = self._write(self._set_notes, keys.ttl_keys(), [str(expected_gen), pins_json, notes_json, self.ttl])
+        except Unsettled as exc:
+            return self._settle_pins(thread_id, expected_gen, {"pins": pins_json, "notes": notes_json}, exc)
         return bool(result[0])
 
     # -- compaction marker ---------------------------------------------------------------------

@@ -4,6 +4,7 @@
 is an ``ApiError`` 400 in the one error shape (``app.web.responses``): ``bad_request`` saying ``hint`` when
 the body is not a JSON object, else the first problem the schema found, with its own code
 (``invalid_text``, ``empty_pin``, ``pin_too_long``, ``reason_too_long`` or ``bad_request``) and sentence.
+Keys a schema does not read are ignored on every route (``ClientSchema``: marshmallow's ``EXCLUDE``).
 The fields and the loader are shared with the websocket's frames (``app.chat.client_input``).
 """
 
@@ -17,6 +18,7 @@ from marshmallow import Schema, fields, post_load, pre_load, validates
 from app.chat.client_input import (INVALID_TEXT, ClientRefused, ClientSchema, JSONRefused, Refusal, check,
                                    client_text, is_blank, load_client, loads_client_json, message_id, refuse,
                                    refused_as, storable)
+from app.memory.forget import PHRASE_MAX_CHARS
 from app.observability.feedback import MAX_REASON_CHARS, RATINGS
 from app.web.responses import ApiError
 
@@ -82,6 +84,72 @@ class FeedbackBody(ClientSchema):
     @post_load
     def _trimmed(self, data: dict, **kwargs) -> dict:
         return {**data, "reason": (data["reason"] or "").strip() or None}
+
+
+BAD_PHRASE = Refusal("bad_request", f"Type a phrase of 1 to {PHRASE_MAX_CHARS} characters.")
+MAX_TURN_NUMBER = 999_999
+
+
+def _phrase_field(**kwargs) -> fields.String:
+    """A forget phrase: a string, not blank (``is_blank``: NUL and zero-width characters alone are blank), at
+    most ``PHRASE_MAX_CHARS`` characters once trimmed, storable."""
+    return client_text(BAD_PHRASE, check(lambda p: not is_blank(p) and len(p.strip()) <= PHRASE_MAX_CHARS, BAD_PHRASE),
+                       storable, **kwargs)
+
+
+class PhraseQuery(ClientSchema):
+    """``GET /api/chat/forget?phrase=``: loads to ``{"phrase": str}`` (trimmed)."""
+
+    phrase = _phrase_field(required=True)
+
+    @post_load
+    def _trimmed(self, data: dict, **kwargs) -> dict:
+        return {"phrase": data["phrase"].strip()}
+
+
+class ForgetBody(ClientSchema):
+    """``POST /api/chat/forget``: ``{"turns": [int], "phrase"?}``; loads to ``{"turns": [int] ascending, unique,
+    "phrase": str (trimmed) or None}``.  ``turns``: 1 to ``max_turns`` numbers of 1-999999 (JSON integers)."""
+
+    turns = fields.List(fields.Raw(validate=check(lambda t: type(t) is int and 1 <= t <= MAX_TURN_NUMBER,
+                                                  Refusal("bad_request", "Turn numbers are whole numbers from 1."))),
+                        required=True, error_messages=refused_as(Refusal("bad_request", "Send the turns as a list.")))
+    phrase = _phrase_field(load_default=None, allow_none=True)
+
+    def __init__(self, *, max_turns: int, hint: str, **kwargs):
+        self.max_turns, self.hint = max_turns, hint
+        super().__init__(**kwargs)
+
+    @validates("turns")
+    def _how_many(self, turns: list, **kwargs) -> None:
+        if not 1 <= len(turns) <= self.max_turns:
+            raise refuse(Refusal("bad_request", self.hint))
+
+    @post_load
+    def _cleaned(self, data: dict, **kwargs) -> dict:
+        phrase = data.get("phrase")
+        return {"turns": sorted(set(data["turns"])), "phrase": phrase.strip() if phrase is not None else None}
+
+
+PHRASE_QUERY = PhraseQuery()
+
+
+@lru_cache(maxsize=8)
+def forget_body(max_turns: int, hint: str) -> ForgetBody:
+    """The (shared, stateless) ``ForgetBody`` schema for ``max_turns``; ``hint`` says how many turns fit."""
+    return ForgetBody(max_turns=max_turns, hint=hint)
+
+
+def load_query(schema: Schema, query: dict, hint: str) -> dict:
+    """``query`` (a route's query arguments) loaded with ``schema``.
+
+    Raises:
+        ApiError: 400 with the schema's first refusal (``bad_request`` saying ``hint`` when it carries none).
+    """
+    try:
+        return load_client(schema, query, Refusal("bad_request", hint))
+    except ClientRefused as refused:
+        raise ApiError(400, refused.code, refused.message) from None
 
 
 @lru_cache(maxsize=8)

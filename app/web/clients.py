@@ -2,7 +2,9 @@
 
 A client is its signed session and, for what a session cannot bound, its network address as the
 platform's router reports it: ``TRUSTED_PROXIES`` proxies' ``X-Forwarded-For`` entries are trusted
-(werkzeug's ``ProxyFix``), so ``request.remote_addr`` is the visitor's address, not the router's.
+(werkzeug's ``ProxyFix``), so ``request.remote_addr`` is the visitor's address, not the router's.  Every
+budget counts that address as its client (``client_address``: ``app.store.quotas.client_of``): an IPv6
+address by its ``CLIENT_IPV6_PREFIX`` network, an IPv4 address once whatever its spelling.
 
 Installed for the whole app by ``install_client_rules``, in this order, before any route runs:
 
@@ -29,6 +31,7 @@ from app.extensions import services
 from app.identity import has_session
 from app.observability.metrics import count_refusal
 from app.settings import Settings
+from app.store.quotas import client_of
 from app.store.thread_store import StoreUnavailable
 from app.web.responses import ApiError, error_response
 
@@ -41,8 +44,9 @@ NO_SESSION = ("no_session", "Open the chat page first: a chat connection needs i
 
 
 def client_address() -> str:
-    """The request's client address (after ``ProxyFix``), or ``unknown``."""
-    return request.remote_addr or "unknown"
+    """The client the request's address (after ``ProxyFix``) counts as: ``app.store.quotas.client_of`` with
+    ``CLIENT_IPV6_PREFIX`` (an IPv6 network, or an IPv4 address whatever its spelling), or ``unknown``."""
+    return client_of(request.remote_addr, services().settings.client_ipv6_prefix)
 
 
 def _retry_after(kind: str, who: str, limit: str) -> int:

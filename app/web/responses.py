@@ -7,6 +7,11 @@ message)`` or raises ``ApiError`` from any depth; Flask's own HTTP errors (404,
 405, 413, an unhandled exception's 500, a refused websocket handshake's 403)
 get the same shape from the handlers ``register_errorhandlers`` installs.
 Request bodies are read by ``app.web.bodies``.
+
+A change whose outcome the store could not settle (its script's reply was lost and reading back failed too;
+``app.store.thread_store.OutcomeUnknown``) is neither a success nor an error: ``outcome_unknown()`` answers
+202 ``{"outcome": "unknown", "message"}`` and the page reads the state again until it knows
+(docs/contract.md: HTTP, "Outcome unknown").  A route raises ``UnknownOutcome`` for it from any depth.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ log = logging.getLogger(__name__)
 
 INTERNAL = ("internal", "Something went wrong.")
 STORE_UNAVAILABLE = ("store_unavailable", "Memory is unavailable right now; try again shortly.")
+OUTCOME_UNKNOWN_MESSAGE = "The change may or may not have been made; checking again…"
 MEMORY_UNREADABLE = ("memory_unreadable", "This conversation's memory can't be read. Start a new chat to go on.")
 
 # Flask's HTTP errors: status -> (code, message).  Other statuses use werkzeug's name for the status.
@@ -47,6 +53,17 @@ class ApiError(Exception):
     def __init__(self, status: int, code: str, message: str):
         super().__init__(code)
         self.status, self.code, self.message = status, code, message
+
+
+class UnknownOutcome(Exception):
+    """Raised by a route or its helpers when a change's outcome is not known; answered by ``outcome_unknown``."""
+
+
+def outcome_unknown() -> Response:
+    """202 ``{"outcome": "unknown", "message"}``: the change may or may not have been made (never an error)."""
+    response = jsonify({"outcome": "unknown", "message": OUTCOME_UNKNOWN_MESSAGE})
+    response.status_code = 202
+    return response
 
 
 def error_response(status: int, code: str, message: str) -> Response:
@@ -89,6 +106,8 @@ def _http_error(error: HTTPException) -> Response:
 
 
 def register_errorhandlers(app: Flask) -> None:
-    """Answer ``ApiError`` and every HTTP error of ``app`` with ``error_response``."""
+    """Answer ``ApiError`` and every HTTP error of ``app`` with ``error_response``, ``UnknownOutcome`` with
+    ``outcome_unknown``."""
     app.register_error_handler(ApiError, _api_error)
+    app.register_error_handler(UnknownOutcome, lambda _unknown: outcome_unknown())
     app.register_error_handler(HTTPException, _http_error)

@@ -15,8 +15,8 @@ from app.memory.hydration import build_hydration, empty_hydration
 from app.llm.health import model_status
 from app.runtime.capabilities import tools_enabled
 from app.store.archive import archived_turns, earliest_kept_turn
-from app.store.thread_store import CorruptState, StoreUnavailable
-from app.web.responses import ApiError, guarded_json, store_unavailable
+from app.store.thread_store import CorruptState, OutcomeUnknown, StoreUnavailable
+from app.web.responses import ApiError, guarded_json, outcome_unknown, store_unavailable
 
 log = logging.getLogger(__name__)
 # The page's scripts are ES modules (static/js/), which browsers refuse unless served as JavaScript;
@@ -65,7 +65,8 @@ def get_thread():
 def delete_thread():
     """Empty the thread (a compaction in flight cannot bring anything back) and drop a waiting task list.
 
-    204 even on a corrupt thread (it is replaced by an empty one); 503 ``store_unavailable`` when
+    204 even on a corrupt thread (it is replaced by an empty one); 202 ``outcome: unknown`` when its reply was
+    lost and reading back failed too; 503 ``store_unavailable`` when
     Redis failed or refused the write (nothing changed); 403 from another origin (``app.web.security``).
     """
     from app.runtime.run_store import RunStore
@@ -75,6 +76,9 @@ def delete_thread():
     try:
         svc.store.clear(thread_id)
         RunStore(svc.redis, thread_id).drop_paused()
+    except OutcomeUnknown:  # the clear's reply lost and not read back: the page reads the thread again
+        log.warning("clear of thread %s: outcome unknown", thread_id[:13])
+        return outcome_unknown()
     except (StoreUnavailable, redis.RedisError):
         log.warning("clear failed for thread %s: store unavailable", thread_id[:13])
         return store_unavailable()

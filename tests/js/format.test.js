@@ -70,3 +70,10 @@ test("a compaction whose fold made the archive drop turns says which", () => {
   assert.ok(compactionText({ turnsFolded: 1, durationMs: 10, droppedTurns: [4, 4] }, "applied").detail.includes("turn 4 is no longer kept"));
   assert.ok(!compactionText({ turnsFolded: 1, durationMs: 10, droppedTurns: "x" }, "applied").detail.includes("kept"));
 });
+
+test("a forget's history entry names its turn, and no figure stands for an absent duration", () => {
+  const entry = { at: 1, outcome: "applied", reason: "forgotten", step: "forget", forgottenTurn: 14 };
+  assert.deepEqual(compactionText(entry, "applied"), { badge: "applied · forgotten", detail: "turn 14 forgotten" });
+  assert.ok(!compactionText({ turnsFolded: 1 }, "applied").detail.includes("–"));
+  assert.ok(!compactionText({ ...entry, forgottenTurn: "14" }, "applied").detail.includes("turn"));
+});

@@ -24,17 +24,18 @@ import redis
 
 from flask import Blueprint, request
 
-from app.chat.client_input import JSONRefused, loads_client_json
+from app.chat.events import forget_frame
 from app.extensions import services
 from app.identity import current_thread_id
 from app.llm.cache_key import drop_thread_cache
-from app.memory.forget import PHRASE_MAX_CHARS, contains_phrase, plan_forget
+from app.memory.forget import contains_phrase, plan_forget
 from app.memory.state import utc_now_iso
 from app.observability import accounting
 from app.store import archive as archive_store
-from app.store.thread_store import CorruptState, StoreUnavailable
+from app.store.thread_store import CorruptState, OutcomeUnknown, StoreUnavailable
 from app.web.api.pins import ITEM_NUMBER_RE
-from app.web.responses import MEMORY_UNREADABLE, STORE_UNAVAILABLE, ApiError, guarded_json
+from app.web.bodies import BAD_PHRASE, PHRASE_QUERY, forget_body, load_body, load_query
+from app.web.responses import MEMORY_UNREADABLE, STORE_UNAVAILABLE, ApiError, UnknownOutcome, guarded_json
 
 log = logging.getLogger(__name__)
 bp = Blueprint("forget", __name__)
@@ -54,6 +55,9 @@ def _store_errors(fn):
             return fn(*args, **kwargs)
         except CorruptState:
             raise ApiError(409, *MEMORY_UNREADABLE) from None
+        except OutcomeUnknown:  # a reply lost and not read back: 202 outcome unknown, the page reads again
+            log.warning("%s for %s: outcome unknown", fn.__name__, current_thread_id()[:13])
+            raise UnknownOutcome() from None
         except StoreUnavailable as exc:
             log.warning("%s failed for %s: %s", fn.__name__, current_thread_id()[:13], type(exc).__name__)
             raise ApiError(503, *STORE_UNAVAILABLE) from None
@@ -138,12 +142,23 @@ def _forget_one(thread_id: str, turn: int, phrase: str | None = None) -> tuple[d
         if committed.applied:
             _drop_process_copies(thread_id, forgotten_texts)
             drop_thread_cache(svc.settings, thread_id)
+            _tell_every_tab(thread_id, [turn], ids)
             log.info("turn forgotten in %s: %d recent messages, %d archived, %d record lines, %d notes",
                      thread_id[:13], committed.recent_removed, committed.archive_removed, plan.record_lines,
                      plan.notes_removed)
-            return ({"turn": turn, "recent": committed.recent_removed > 0, "archive": committed.archive_removed > 0,
+            in_archive = committed.archive_removed > 0 or (committed.settled and any(t.number == turn for t in archived))
+            return ({"turn": turn, "recent": committed.recent_removed > 0, "archive": in_archive,
                      "recordLines": plan.record_lines, "notes": plan.notes_removed}, list(plan.pins_quoting))
     raise ApiError(409, "conflict", "Memory was changing at that moment; please try again.")
+
+
+def _tell_every_tab(thread_id: str, turns: list[int], message_ids: list[str]) -> None:
+    """Publish the forget on the thread's events channel (``app.chat.events.forget_frame``): every open socket of
+    the session takes the turn off its page.  Best effort: a page that misses it shows the turn until it reloads."""
+    try:
+        services().store.publish_event(thread_id, forget_frame(turns, message_ids))
+    except StoreUnavailable:
+        log.warning("forget of %s not announced: store unavailable", thread_id[:13])
 
 
 def _drop_process_copies(thread_id: str, texts: list[str]) -> None:
@@ -170,22 +185,11 @@ def delete_turn(n: str):
     return guarded_json({"forgotten": forgotten, "pinsQuoting": pins})
 
 
-def _phrase(value) -> str:
-    """The phrase of a forget by phrase.
-
-    Raises:
-        ApiError: 400 ``bad_request`` when not a string, blank, or longer than ``PHRASE_MAX_CHARS``.
-    """
-    if not isinstance(value, str) or not value.strip() or len(value) > PHRASE_MAX_CHARS:
-        raise ApiError(400, "bad_request", f"Type a phrase of 1 to {PHRASE_MAX_CHARS} characters.")
-    return value.strip()
-
-
 @bp.get("/api/chat/forget")
 @_store_errors
 def preview_forget():
     """Every memory item holding the phrase: 200 ``{"phrase", "items": [{"place", "turn", "text"}]}``; 400."""
-    phrase = _phrase(request.args.get("phrase"))
+    phrase = load_query(PHRASE_QUERY, {"phrase": request.args.get("phrase")}, BAD_PHRASE.message)["phrase"]
     svc, thread_id = services(), current_thread_id()
     state = svc.store.load(thread_id)
     items: list[dict] = []
@@ -205,27 +209,16 @@ def preview_forget():
 
 
 def _forget_body() -> tuple[str | None, list[int]]:
-    """``(phrase or None, turns)`` of ``POST /api/chat/forget``.
+    """``(phrase or None, turns)`` of ``POST /api/chat/forget`` (``app.web.bodies.ForgetBody``; keys it does not
+    read are ignored).
 
     Raises:
         ApiError: 400 ``bad_request`` (not a JSON object; ``turns`` not a list of 1 to ``POST_MAX_TURNS`` turn
-            numbers; a phrase that is not 1-200 characters), 400 ``invalid_text``.
+            numbers; a phrase that is blank or longer than 200 characters), 400 ``invalid_text``.
     """
     hint = 'Send a JSON object with "turns": [turn numbers] and the "phrase".'
-    if not request.is_json:
-        raise ApiError(400, "bad_request", hint)
-    try:
-        body = loads_client_json(request.get_data(cache=True))
-    except JSONRefused as exc:
-        raise ApiError(400, "invalid_text" if exc.code == "invalid_text" else "bad_request", hint) from None
-    if not isinstance(body, dict) or not set(body) <= {"phrase", "turns"}:
-        raise ApiError(400, "bad_request", hint)
-    turns = body.get("turns")
-    if not isinstance(turns, list) or not 1 <= len(turns) <= POST_MAX_TURNS or any(
-            type(t) is not int or not 1 <= t <= 999_999 for t in turns):
-        raise ApiError(400, "bad_request", hint)
-    phrase = _phrase(body["phrase"]) if body.get("phrase") is not None else None
-    return phrase, sorted(set(turns))
+    body = load_body(forget_body(POST_MAX_TURNS, hint), hint)
+    return body["phrase"], body["turns"]
 
 
 @bp.post("/api/chat/forget")

@@ -28,9 +28,9 @@ from app.memory.state import PINNED_BY_PERSON, Pin, ThreadState
 from app.memory.text import cut_at_word
 from app.memory.tokens import TokenCounter
 from app.observability import metrics
-from app.store.thread_store import CorruptState, StoreUnavailable
+from app.store.thread_store import CorruptState, OutcomeUnknown, StoreUnavailable
 from app.web.bodies import clean_pin_text, load_body, pin_body
-from app.web.responses import MEMORY_UNREADABLE, STORE_UNAVAILABLE, ApiError, guarded_json
+from app.web.responses import MEMORY_UNREADABLE, STORE_UNAVAILABLE, ApiError, UnknownOutcome, guarded_json
 
 log = logging.getLogger(__name__)
 bp = Blueprint("pins", __name__)
@@ -125,6 +125,7 @@ def _change(action: str, change: Callable[[ThreadState], tuple[list[Pin], list[s
             409 ``thread_expired`` when it expired meanwhile (its clear counter went back),
             409 ``conflict`` after ``PIN_WRITE_ATTEMPTS`` stale generations, 409 ``memory_unreadable``
             when the stored thread is corrupt (a clear repairs it), 503 ``store_unavailable``.
+        UnknownOutcome: a write's reply was lost and reading back failed too (202 ``outcome: unknown``).
     """
     thread_id = current_thread_id()
     svc = services()
@@ -151,6 +152,10 @@ def _change(action: str, change: Callable[[ThreadState], tuple[list[Pin], list[s
         if refused.code != "conflict":
             metrics.observe_pin_request(action, refused.code)
         raise
+    except OutcomeUnknown:
+        log.warning("%s on %s: reply lost and not read back: outcome unknown", action, thread_id[:13])
+        metrics.observe_pin_request(action, "outcome_unknown")
+        raise UnknownOutcome() from None
     except CorruptState:
         metrics.observe_pin_request(action, "memory_unreadable")
         raise ApiError(409, *MEMORY_UNREADABLE) from None

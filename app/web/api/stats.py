@@ -13,7 +13,7 @@ from app.observability import accounting, metrics
 from app.observability.inspector import resolve_prompt
 from app.store.archive import load_turn_memory
 from app.store.thread_store import CorruptState, StoreUnavailable
-from app.web.responses import guarded_json, store_unavailable
+from app.web.responses import MEMORY_UNREADABLE, error_response, guarded_json, store_unavailable
 
 log = logging.getLogger(__name__)
 bp = Blueprint("stats", __name__)
@@ -49,7 +49,10 @@ def get_inspector():
     try:
         records = accounting.load_turn_records(svc, thread_id, limit=1)
         state, archive = load_turn_memory(svc.store, thread_id)  # the archive shows what was folded since
-    except (redis.RedisError, StoreUnavailable, CorruptState) as exc:
+    except CorruptState:  # one status for one state (docs/contract.md: HTTP): 409 as every other route
+        log.warning("inspector of %s: memory unreadable", thread_id[:13])
+        return error_response(409, *MEMORY_UNREADABLE)
+    except (redis.RedisError, StoreUnavailable) as exc:
         log.warning("inspector unavailable for %s: %s", thread_id[:13], type(exc).__name__)
         if isinstance(exc, redis.RedisError):
             metrics.count_store_error("inspector")

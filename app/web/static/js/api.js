@@ -10,7 +10,10 @@
  * @property {boolean} ok a 2xx answer
  * @property {number} status the HTTP status (0: the server could not be reached)
  * @property {any} data the parsed JSON body (null: none, 204, or not JSON)
- * @property {string} message for a failure: the error body's message, else a sentence naming the status
+ * @property {string} message for a failure: the error body's message, else a sentence naming the status;
+ *   for an unknown outcome the body's message
+ * @property {boolean} unknown 202 `{"outcome": "unknown"}`: the change may or may not have been made (its
+ *   reply was lost); read the state again to know (docs/contract.md: HTTP, "Outcome unknown")
  */
 
 /**
@@ -33,13 +36,16 @@ export async function api(method, url, payload) {
   try {
     res = await fetch(url, init);
   } catch {
-    return { ok: false, status: 0, data: null, message: "Can't reach the server." };
+    return { ok: false, status: 0, data: null, message: "Can't reach the server.", unknown: false };
   }
   let data = null;
   if (res.status !== 204) {
     try { data = await res.json(); } catch { data = null; }
   }
-  return { ok: res.ok, status: res.status, data, message: res.ok ? "" : errorMessage(data, res.status) };
+  const unknown = res.status === 202 && !!data && typeof data === "object" && data.outcome === "unknown";
+  const message = unknown ? String(data.message || "Checking whether that change was made…")
+    : res.ok ? "" : errorMessage(data, res.status);
+  return { ok: res.ok && !unknown, status: res.status, data, message, unknown };
 }
 
 /**

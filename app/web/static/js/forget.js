@@ -30,10 +30,20 @@ const turnUrl = (n) => `${API.turns}/${encodeURIComponent(String(n))}`;
  */
 const dialog = (node) => /** @type {any} */ (node);
 
-/** @param {HTMLElement} node */
+/**
+ * Open a dialog at its top: its title takes the focus (showModal would focus the first button, below a long
+ * answer, and scroll the text being asked about out of view), and every scrolled part goes back to its top.
+ * @param {HTMLElement} node
+ */
 function openDialog(node) {
   const d = dialog(node);
   if (typeof d.showModal === "function") { if (!d.open) d.showModal(); } else node.setAttribute("open", "");
+  const title = node.querySelector(".dialog-title");
+  if (title instanceof HTMLElement) {
+    title.tabIndex = -1;
+    title.focus({ preventScroll: true });
+  }
+  for (const part of [node, ...node.querySelectorAll(".dialog-body")]) part.scrollTop = 0;
 }
 
 /** @param {HTMLElement} node */
@@ -132,10 +142,51 @@ function answer(ok) {
 function sayForgotten(forgotten, pinsQuoting) {
   const pins = pinsQuotingText(pinsQuoting);
   const text = forgottenText(forgotten) + (pins ? ` ${pins}` : "");
+  el.forgetResult.dataset.state = "known";
   el.forgetResult.textContent = text;
   el.forgetResult.hidden = false;
   toast(text);
   announce(text);
+}
+
+/** @param {number} ms */
+const sleep = (ms) => new Promise((resolve) => { setTimeout(resolve, ms); });
+
+/** Longest pause between two checks of a forget whose outcome is unknown, milliseconds. */
+const CHECK_MAX_MS = 10000;
+
+/**
+ * A forget answered "outcome unknown" (its reply was lost; docs/contract.md: HTTP): say so, then read each
+ * turn again (GET /api/chat/turns/<n>, backing off up to CHECK_MAX_MS) until every one answers, and say
+ * which were forgotten. The panel's notice has data-state "checking" meanwhile, then "known".
+ * @param {number[]} turns
+ * @param {Set<string> | null} ids the turns' message ids when known
+ */
+async function settleForget(turns, ids) {
+  const label = turns.length === 1 ? `turn ${turns[0]}` : `turns ${turns.join(", ")}`;
+  el.forgetResult.dataset.state = "checking";
+  el.forgetResult.textContent = `Checking whether ${label} ${turns.length === 1 ? "was" : "were"} forgotten…`;
+  el.forgetResult.hidden = false;
+  for (let wait = 500; ; wait = Math.min(wait * 2, CHECK_MAX_MS)) {
+    const answers = await Promise.all(turns.map((n) => getTurn(n)));
+    if (answers.every((a) => a.turn || a.status === 404)) {
+      const gone = turns.filter((_n, i) => {
+        const t = answers[i].turn;
+        return t && t.where === "gone" && t.reason === "forgotten";
+      });
+      const kept = turns.filter((n) => !gone.includes(n));
+      if (gone.length) dropForgotten(ids);
+      const text = [gone.length ? `${gone.length === 1 ? `Turn ${gone[0]} was` : `Turns ${gone.join(", ")} were`} forgotten.` : "",
+        kept.length ? `${kept.length === 1 ? `Turn ${kept[0]} was` : `Turns ${kept.join(", ")} were`} not forgotten.` : ""]
+        .filter(Boolean).join(" ");
+      el.forgetResult.dataset.state = "known";
+      el.forgetResult.textContent = text;
+      announce(text);
+      reloadAll();
+      return;
+    }
+    await sleep(wait);
+  }
 }
 
 /** The page again after a forget: the conversation from memory and the whole panel. */
@@ -169,6 +220,10 @@ export async function forgetTurn(n, turn) {
     "and every summary line and note made from them. Your pinned decisions stay.", data, "Forget");
   if (!ok || busy()) return false;
   const r = await api("DELETE", turnUrl(n));
+  if (r.unknown) {
+    await settleForget([n], new Set((data.messages || []).map((m) => m && m.id).filter(Boolean)));
+    return true;
+  }
   if (!r.ok || !r.data || typeof r.data !== "object") {
     toast(r.status === 404 ? `There is no turn ${n} to forget.` : r.message || "Couldn't forget that.", "error");
     reloadAll();
@@ -305,6 +360,12 @@ async function forgetChecked() {
     "Your pinned decisions stay.", null, "Forget");
   if (!ok || busy()) return;
   const r = await api("POST", API.forget, { phrase: preview.phrase, turns });
+  if (r.unknown) {
+    el.forgetPreview.replaceChildren();
+    el.forgetPreview.hidden = true;
+    await settleForget(turns, null);
+    return;
+  }
   if (!r.ok || !r.data || typeof r.data !== "object") {
     showForgetError(r.message || "Couldn't forget that.");
     reloadAll();

@@ -175,12 +175,13 @@ export function compactionText(c, outcome) {
     if (has("summaryChars")) bits.push(`summary ${fmt(c.summaryChars)} chars`);
     if (has("notesCount")) bits.push(`${fmt(c.notesCount)} notes`);
     if (has("factsChecked") && num(c.factsChecked) > 0) bits.push(factsText(c));
+    if (Number.isInteger(c.forgottenTurn) && num(c.forgottenTurn) > 0) bits.push(`turn ${c.forgottenTurn} forgotten`);
     const dropped = c.droppedTurns;
     if (Array.isArray(dropped) && dropped.length === 2 && dropped.every((n) => Number.isInteger(n) && n > 0)) {
       bits.push(dropped[0] === dropped[1] ? `turn ${dropped[0]} is no longer kept` : `turns ${dropped[0]}–${dropped[1]} are no longer kept`);
     }
   }
-  bits.push(fmtMs(c.durationMs));
+  if (has("durationMs")) bits.push(fmtMs(c.durationMs));
   const reason = REASON_LABELS[str(c.reason)] || str(c.reason).replace(/_/g, " ");
   const badge = outcome === "stale" ? "discarded" : outcome + (reason ? ` · ${reason}` : "");
   return { badge, detail: bits.join(" · ") };

@@ -19,13 +19,15 @@
 /** Display only: a stage of the turn. @typedef {{type: "progress", stage?: string, message?: string}} ProgressFrame */
 /** Before the first delta: what the turn waits behind. @typedef {{type: "waiting", for?: string, message?: string}} WaitingFrame */
 /**
- * Compaction status; may also arrive between turns.
- * @typedef {{type: "memory", status?: "started" | "succeeded" | "failed" | string, message?: string}} MemoryFrame
+ * Compaction status; may also arrive between turns. A forget (from any tab of the session) is one with
+ * `step: "forget"`, the turns' numbers and their message ids.
+ * @typedef {{type: "memory", status?: "started" | "succeeded" | "failed" | string, message?: string,
+ *            step?: string, forgottenTurns?: number[], messageIds?: unknown[]}} MemoryFrame
  */
 /**
  * The end of a turn. `saved: false` (with a `reason`) when a completed or blocked turn was not written.
  * @typedef {{type: "done", status?: "completed" | "blocked" | "cancelled" | "failed" | "paused" | string,
- *            messageId?: string, saved?: boolean,
+ *            messageId?: string, saved?: boolean | "unknown",
  *            reason?: "thread_cleared" | "store_unavailable" | "rejected" | string, code?: string}} DoneFrame
  */
 /** @typedef {{type: "error", code?: string, message?: string, retryAfter?: number}} ErrorFrame */

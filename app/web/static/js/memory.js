@@ -112,6 +112,7 @@ export async function addPin(payload, fromMessage) {
   }
   const message = r.message || "Couldn't pin that.";
   showPinError(message);
+  if (r.unknown) loadThread({ messages: false }); // the pin may be there: the panel shows what memory holds
   if (fromMessage) toast(message, "error");
   return false;
 }

@@ -1,5 +1,10 @@
 // @ts-check
-/** "New chat": DELETE /api/chat/thread (docs/contract.md: HTTP), then an empty page. */
+/**
+ * "New chat": DELETE /api/chat/thread (docs/contract.md: HTTP), then an empty page: no bubble, no notice
+ * (forget results and errors, the memory hint, pin errors) and no history of the old conversation (an
+ * entry the old conversation's compaction records after the clear is not shown either: panel.js
+ * historySince). An answer "outcome unknown" reads the thread again and shows what memory holds.
+ */
 import { api } from "./api.js";
 import { API } from "./config.js";
 import { announce, el, toast } from "./dom.js";
@@ -7,8 +12,20 @@ import { chat, memory } from "./state.js";
 import { sendFrame } from "./socket.js";
 import { endTurn } from "./turnview.js";
 import { updateEmpty } from "./messages.js";
-import { renderNotes, renderPins, renderSummary } from "./panel.js";
-import { refreshMemory } from "./memory.js";
+import { historySince, renderCompactions, renderNotes, renderPins, renderSummary } from "./panel.js";
+import { loadStats, loadThread, refreshMemory } from "./memory.js";
+
+/** Take every notice of the old conversation off the page. */
+function clearNotices() {
+  for (const node of [el.forgetResult, el.forgetError, el.pinError, el.memoryHint]) {
+    node.textContent = "";
+    node.hidden = true;
+    delete node.dataset.state;
+  }
+  el.forgetPreview.replaceChildren();
+  el.forgetPreview.hidden = true;
+  el.forgetPhrase.value = "";
+}
 
 export async function newChat() {
   if (!window.confirm("Start a new chat? The conversation, its summary and its pinned decisions will be forgotten.")) return;
@@ -17,8 +34,15 @@ export async function newChat() {
     endTurn("cancelled");
   }
   el.newChat.disabled = true;
+  const askedAt = Date.now();
   const r = await api("DELETE", API.thread);
   el.newChat.disabled = false;
+  if (r.unknown) { // the clear may have happened: show what memory holds
+    toast(r.message, "error");
+    loadThread({ messages: true });
+    loadStats();
+    return;
+  }
   if (!r.ok) {
     toast(r.message || "Couldn't start a new chat.", "error");
     return;
@@ -33,6 +57,9 @@ export async function newChat() {
   renderSummary(undefined);
   renderPins([]);
   renderNotes([]);
+  clearNotices();
+  historySince(askedAt);
+  renderCompactions({ compactions: [] });
   announce("New chat started.");
   refreshMemory();
   el.input.focus();

@@ -257,13 +257,31 @@ export function renderChart(stats) {
   el.chart.append(svg);
 }
 
+/** Epoch ms of this page's last "New chat": history entries of work that began before it are not shown. */
+let since = 0;
+
 /**
- * The last five compactions, newest first.
+ * Show only the history of work that began at or after `ms` (epoch milliseconds): after "New chat", a
+ * compaction of the old conversation that ends later (and is recorded as discarded) is not this one's.
+ * @param {number} ms
+ */
+export function historySince(ms) {
+  since = ms;
+}
+
+/**
+ * An entry's start, epoch ms: its `at` (when it ended) less its `durationMs`.
+ * @param {Record<string, unknown>} c
+ */
+const began = (c) => num(c.at) - (typeof c.durationMs === "number" ? c.durationMs : 0);
+
+/**
+ * The last five compactions, newest first (of the conversation shown: ``historySince``).
  * @param {Stats} stats
  */
 export function renderCompactions(stats) {
   /** @type {Record<string, unknown>[]} */
-  const all = Array.isArray(stats.compactions) ? stats.compactions : [];
+  const all = (Array.isArray(stats.compactions) ? stats.compactions : []).filter((c) => !since || began(c) >= since);
   const comps = all.slice(-5).reverse();
   el.compactions.replaceChildren();
   for (const c of comps) {

@@ -36,8 +36,9 @@ export function doneOutcome(status) {
 
 /**
  * Why a finished turn was not written: `reason` of a `done` with `"saved": false` ("unknown" when it
- * has none), else "" (written, or nothing to write).
- * @param {{saved?: boolean, reason?: unknown}} frame
+ * has none), else "" (written, or nothing to write; `"saved": "unknown"` too: the page reads the thread
+ * again after `done`, and shows the turn as memory holds it).
+ * @param {{saved?: boolean | "unknown", reason?: unknown}} frame
  * @returns {string}
  */
 export function unsavedReason(frame) {

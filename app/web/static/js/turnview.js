@@ -13,13 +13,15 @@ import {
 } from "./turn.js";
 import { renderMarkdown } from "./markdown.js";
 import {
-  addActions, addCodeCopy, appendBubble, bubbleParts, lastMessageId, makeBubble, scrollToBottom, setBubbleText,
-  setNote, showChatError, updateEmpty,
+  addActions, addCodeCopy, appendBubble, bubbleParts, dropForgotten, lastMessageId, makeBubble, scrollToBottom,
+  setBubbleText, setNote, showChatError, updateEmpty,
 } from "./messages.js";
 import { autosize, restoreInput, updateComposer } from "./composer.js";
 import { loadStats, loadThread, refreshMemory } from "./memory.js";
 import { checkModelSoon } from "./health.js";
 import { sendFrame } from "./socket.js";
+import { api } from "./api.js";
+import { API } from "./config.js";
 
 /** @typedef {import("./state.js").Turn} Turn */
 /** @typedef {import("./frames.js").ServerFrame} ServerFrame */
@@ -266,6 +268,35 @@ function handleProgress(f) {
   if (typeof f.message === "string" && f.message) prog.append(h("span", { class: "stage-message", text: f.message }));
 }
 
+/**
+ * A turn whose `done` said `"saved": "unknown"` (docs/contract.md: the done frame): its answer is marked
+ * "checking whether it was saved…" (note kind "checking") and GET /api/chat/thread is read, backing off up to
+ * 10 s, until it answers (an empty thread only when GET /api/chat/turns/1 says 404: a store that is down
+ * hydrates empty too); then the note goes (memory holds the answer) or says "not saved".
+ * @param {HTMLElement} bot
+ * @param {string} id the answer's message id
+ */
+async function checkSaved(bot, id) {
+  setNote(bot, "checking whether it was saved…", "checking");
+  for (let wait = 500; ; wait = Math.min(wait * 2, 10000)) {
+    const r = await api("GET", API.thread);
+    // the thread reads empty while the store is down too: an empty one is believed once turn 1 is a 404
+    const empty = r.ok && r.data && !(Array.isArray(r.data.messages) && r.data.messages.length) && !r.data.summary;
+    const known = r.ok && r.data && typeof r.data === "object" &&
+      (!empty || (await api("GET", `${API.turns}/1`)).status === 404);
+    if (known) {
+      const held = [r.data.messages, r.data.archived].some((list) => Array.isArray(list) &&
+        list.some((/** @type {any} */ m) => m && m.id === id));
+      setNote(bot, held ? "" : "not saved", held ? "" : "unsaved");
+      if (!held) bot.dataset.kept = "false";
+      announce(held ? "The answer was saved." : "The answer is complete but not saved.");
+      if (held) loadThread({ messages: !chat.turn }); // the page shows the turn as memory holds it
+      return;
+    }
+    await new Promise((resolve) => { setTimeout(resolve, wait); });
+  }
+}
+
 let hintTimer = 0;
 /** @param {import("./frames.js").MemoryFrame} f */
 function handleMemory(f) {
@@ -275,6 +306,8 @@ function handleMemory(f) {
   el.memoryHint.hidden = false;
   clearTimeout(hintTimer);
   hintTimer = window.setTimeout(() => { el.memoryHint.hidden = true; }, hint.hideAfterMs);
+  // a forget (from this tab or another of the session) takes its turn's bubbles off the page first
+  if (f.step === "forget" && Array.isArray(f.messageIds)) dropForgotten(new Set(f.messageIds.map(String)));
   if (hint.reload === "thread") { // folded turns stay on the page, marked as summarized
     loadThread({ messages: !chat.turn });
     loadStats();
@@ -327,7 +360,9 @@ export function handleFrame(f) {
       break;
     case "done": {
       const d = doneDecision(f, t);
+      const bot = t && d.end !== null ? t.botEl : null;
       if (d.end !== null) endTurn(d.end, d.unsaved);
+      if (bot && f.saved === "unknown") checkSaved(bot, str(f.messageId));
       if (d.reload === "thread") {
         loadThread({ messages: true });
         loadStats();
