@@ -14,8 +14,9 @@ import {
 import { renderMarkdown } from "./markdown.js";
 import {
   addActions, addCodeCopy, appendBubble, bubbleParts, lastMessageId, makeBubble, scrollToBottom, setBubbleText,
-  setNote, showChatError, updateEmpty,
+  setNote, showChatError, tellDone, updateEmpty,
 } from "./messages.js";
+import { NOT_A_TURN } from "./turns.js";
 import { autosize, restoreInput, updateComposer } from "./composer.js";
 import { loadStats, loadThread, refreshMemory } from "./memory.js";
 import { checkModelSoon } from "./health.js";
@@ -153,7 +154,7 @@ export function endTurn(outcome, unsaved = "") {
     bot.dataset.botId = t.messageId;
     const label = unsavedLabel(unsaved);
     setNote(bot, label, "unsaved");
-    setNote(t.userEl, "not saved", "unsaved");
+    setNote(t.userEl, NOT_A_TURN, "unsaved");
     addActions(bot);
     announce(`The answer is complete but ${label}.`);
   } else if (kind === "kept") {
@@ -179,7 +180,7 @@ export function endTurn(outcome, unsaved = "") {
       setNote(t.userEl, "not sent", "unsaved");
     } else {
       setNote(bot, label, "unsaved");
-      setNote(t.userEl, "not saved", "unsaved");
+      setNote(t.userEl, NOT_A_TURN, "unsaved");
     }
     const retry = h("button", {
       type: "button", class: "btn btn-small btn-ghost", "data-testid": "retry",
@@ -328,6 +329,7 @@ export function handleFrame(f) {
     case "done": {
       const d = doneDecision(f, t);
       if (d.end !== null) endTurn(d.end, d.unsaved);
+      if (d.end !== null && t) tellDone(t.userEl, t.botEl, d.turn, d.note); // its turn number, its length note
       if (d.reload === "thread") {
         loadThread({ messages: true });
         loadStats();
