@@ -138,3 +138,22 @@ def test_done_numbers_the_turns_memory_holds(client, fake_llm):
     assert failed["status"] == "failed" and "turn" not in failed
     fake_llm.default = Reply(text="Two.")
     assert client.turn("second", timeout=30)[-1]["turn"] == 2
+
+
+def test_a_long_answer_keeps_its_thread_marked_streaming(client, fake_llm, redis_client, monkeypatch):
+    """An answer has no total-time limit, so the thread's ``streaming`` mark (it lives the first-token limit
+    plus 30 s) is renewed while text flows: no refinement of the thread starts under a long answer."""
+    from app.chat import turn as turn_module
+    from app.store.keys import ThreadKeys
+
+    monkeypatch.setattr(turn_module, "STREAMING_MARK_EVERY_SECONDS", 1.0)
+    fake_llm.default = Reply(tokens=STEADY, first_token_delay=0.2, token_delay=0.5)
+    thread_id = client.thread()["threadId"]
+    client.send({"type": "message", "text": "go on"})
+    client.recv_until(lambda f: f["type"] == "delta")
+    key = ThreadKeys(thread_id).active
+    lifetime_ms = (FIRST + 30) * 1000
+    client.recv_until(lambda f: f["type"] == "delta" and f["text"] == STEADY[8], timeout=10)  # ~4 s in
+    assert redis_client.get(key) in ("streaming", b"streaming")
+    assert redis_client.pttl(key) > lifetime_ms - 1600  # renewed within the last second or so, not 4 s ago
+    assert client.recv_until(lambda f: f["type"] == "done", timeout=10)[-1]["status"] == "completed"

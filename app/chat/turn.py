@@ -70,6 +70,11 @@ def next_turn_number(state: ThreadState) -> int:
     return number
 
 
+STREAMING_MARK_EVERY_SECONDS = 20.0
+"""While text flows, the thread's ``streaming`` mark (``CompactionRequests.turn_streaming``; it lives
+``LLM_FIRST_TOKEN_TIMEOUT_SECONDS`` plus a margin of 30 s) is renewed this often: an answer that keeps coming
+has no total-time limit, and no refinement of its thread may start while it streams."""
+
 STREAMING, COMMITTING, FINISHED = "streaming", "committing", "finished"
 T = TypeVar("T")
 REFUSALS = {"id_conflict": "message_id_reused", "full": "memory_full"}
@@ -149,6 +154,7 @@ class Turn(TurnIO):
         self.stats = self.outcome.stats
         self.stats.on_wait = self._told_wait
         self._wait_told: tuple[str, int | None, float] | None = None  # the last waiting frame: for, percent, when
+        self._marked_at = 0.0  # when the thread was last marked streaming (time.monotonic())
 
     @property
     def deadline(self) -> float:
@@ -212,7 +218,9 @@ class Turn(TurnIO):
             if piece is not None:
                 self._pieces.append(piece)
             self.writer.send(frame)
-            return True
+        if piece is not None and time.monotonic() - self._marked_at >= STREAMING_MARK_EVERY_SECONDS:
+            self._mark_activity(streaming=True)  # an answer has no total-time limit: its mark must outlive it
+        return True
 
     @property
     def streamed_text(self) -> str:
@@ -322,6 +330,7 @@ class Turn(TurnIO):
 
     def _mark_activity(self, *, streaming: bool) -> None:
         """Tell the compaction requests that this thread streams, or has just ended a turn; never raises."""
+        self._marked_at = time.monotonic()
         try:
             requests = self.services.compaction_requests
             (requests.turn_streaming if streaming else requests.turn_ended)(self.thread_id)
