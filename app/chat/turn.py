@@ -205,7 +205,7 @@ class Turn(TurnIO):
         if last is not None and last[0] == reason and (last[1] == percent or now - last[2] < 1.0):
             return
         self._wait_told = (reason, percent, now)
-        frame = {"type": "waiting", "for": reason, "message": self.WAIT_WORDS[reason]}
+        frame: dict = {"type": "waiting", "for": reason, "message": self.WAIT_WORDS[reason]}
         if percent is not None:
             frame["percent"] = percent
         self.send_if_streaming(frame)

@@ -446,23 +446,24 @@ class SSEStream:
                     raise clock.error()
             except StopIteration:
                 self.finished = True
-                failure = clock.error() if clock is not None and clock.expired else \
+                ended: LLMError | None = clock.error() if clock is not None and clock.expired else \
                     None if self.complete else truncated_error()
-                if failure is not None:
+                if ended is not None:
                     if not (pieces or tool_calls):
-                        raise failure from None
-                    self._failure = failure  # after what did arrive
+                        raise ended from None
+                    self._failure = ended  # after what did arrive
                 break
             except Exception as exc:
                 # the watchdog shut the connection down, or the socket's read timeout (the same limit) fired
-                silent = clock is not None and not isinstance(exc, LLMError) and (clock.expired or _timed_out(exc))
-                failure = clock.error() if silent else exc
+                cause: Exception = exc
+                if clock is not None and not isinstance(exc, LLMError) and (clock.expired or _timed_out(exc)):
+                    cause = clock.error()
                 if not (pieces or tool_calls):
-                    if failure is exc:
+                    if cause is exc:
                         raise
-                    raise failure from None
+                    raise cause from None
                 # what arrived before the failure is still delivered (once); the failure comes next
-                self._failure, self.finished = failure, True
+                self._failure, self.finished = cause, True
                 break
             if pieces or tool_calls:
                 if clock is not None:
@@ -516,8 +517,8 @@ class SSEStream:
             return
         progress = event.get("prompt_progress")
         if isinstance(progress, dict):
-            total, cache, processed = (progress.get(k) for k in ("total", "cache", "processed"))
-            if not all(isinstance(v, int) for v in (total, cache, processed)):
+            total, cache, processed = progress.get("total"), progress.get("cache"), progress.get("processed")
+            if not (isinstance(total, int) and isinstance(cache, int) and isinstance(processed, int)):
                 return
             to_read = total - cache
             if to_read <= READING_NOTICE_TOKENS or processed >= total:
