@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 from chat_support.fake_llm import Reply, split_tokens, wait_events, words
+from tests.fixtures.streamed_chat import OUTPUT_DIR
 from tests.helpers.browser import until
 
 pytestmark = pytest.mark.browser
@@ -79,4 +80,6 @@ def test_turn_numbers_agree_with_what_the_person_sent(make_live_app, app_setting
     assert last.locator(".msg-foot .note").inner_text() == "reached the length limit"
     stored = page.request.get(base + "/api/chat/thread").json()["messages"]
     assert [m["text"] for m in stored if m["role"] == "user"] == ["one", "three", "four"]
+    OUTPUT_DIR.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(OUTPUT_DIR / "turn-numbers.png"))
     assert page.errors == []
