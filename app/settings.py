@@ -14,6 +14,7 @@ in ``app/memory/limits.py`` plus its line in ``LIMIT_VARIABLES``).
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 from collections.abc import Mapping
@@ -28,6 +29,11 @@ from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from app.memory.limits import MemoryLimits
+
+log = logging.getLogger(__name__)
+
+DEPRECATED_TURN_TIMEOUT = "LLM_TURN_TIMEOUT_SECONDS"
+"""Read as ``LLM_FIRST_TOKEN_TIMEOUT_SECONDS`` (with a logged warning) when that one is not set."""
 
 __all__ = ["ConfigError", "DEV_REDIS_URL", "LIMIT_VARIABLES", "LOCAL_DIR", "MemoryLimits", "ROOT", "Settings",
            "dev_secret_key", "mask_url"]
@@ -270,7 +276,14 @@ class Settings(BaseSettings):
     system_prompt: str = DEFAULT_SYSTEM_PROMPT  # not configurable
     llm_connect_timeout: float = Field(5.0, validation_alias="LLM_CONNECT_TIMEOUT_SECONDS", gt=0)
     llm_read_timeout: float = Field(30.0, validation_alias="LLM_READ_TIMEOUT_SECONDS", gt=0)
-    llm_turn_timeout: float = Field(60.0, validation_alias="LLM_TURN_TIMEOUT_SECONDS", gt=0)
+    # A turn's clock measures silence, not length (docs/contract.md: Configuration): the wait for the answer's
+    # first text (through retries; keep-alive, progress and wait events do not count as text)...
+    # LLM_TURN_TIMEOUT_SECONDS (once a total-time limit) is read as a deprecated alias of it, with a warning.
+    llm_first_token_timeout: float = Field(90.0, validation_alias=AliasChoices(
+        "LLM_FIRST_TOKEN_TIMEOUT_SECONDS", "LLM_TURN_TIMEOUT_SECONDS"), gt=0, le=3600)
+    # ...and, once text flows, the longest silence between two pieces of it.  The answer's length is bounded
+    # by tokens only (``app.llm.sampling.answer_options``).
+    llm_token_gap_timeout: float = Field(30.0, validation_alias="LLM_TOKEN_GAP_TIMEOUT_SECONDS", gt=0, le=3600)
     llm_max_retries: int = Field(2, validation_alias="LLM_MAX_RETRIES", ge=0)
     # Least time between two delta frames of one answer (the first token is sent at once); 0: one frame per read.
     stream_flush_interval: float = Field(0.02, validation_alias="STREAM_FLUSH_INTERVAL_SECONDS", ge=0, le=1)
@@ -538,6 +551,12 @@ class Settings(BaseSettings):
         """
         return type(self)(**{**dict(self), **changes})
 
+    @property
+    def llm_turn_timeout(self) -> float:
+        """Seconds one non-streamed runtime model call may take, and the deprecated name of
+        ``llm_first_token_timeout`` (a streamed answer has no total-time limit)."""
+        return self.llm_first_token_timeout
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "Settings":
         """Read and validate the contract's variables (an empty value means unset).
@@ -555,6 +574,11 @@ class Settings(BaseSettings):
         """
         source = EnvironmentSource(cls, os.environ if environ is None else environ)
         values = source()
+        if DEPRECATED_TURN_TIMEOUT in source.variables:
+            log.warning("%s is deprecated: it is read as LLM_FIRST_TOKEN_TIMEOUT_SECONDS (the wait for an answer's "
+                        "first text%s); an answer is no longer cut by its total time (docs/contract.md: "
+                        "Configuration)", DEPRECATED_TURN_TIMEOUT,
+                        ", which is set and wins" if "LLM_FIRST_TOKEN_TIMEOUT_SECONDS" in source.variables else "")
         if "CHAT_MODEL" in values:
             values.setdefault("COMPACTION_MODEL", values["CHAT_MODEL"])
         try:

@@ -151,7 +151,7 @@ LONG_MODEL = "Qwen2.5-Coder-0.5B-Instruct-GGUF-q4_k_m-with-a-rather-long-name"
 def test_waiting_copy_full_model_name_and_a_turn_cleared_meanwhile(make_live_app, app_settings, fake_llm,
                                                                     browser_page):
     server = make_live_app(app_settings.with_overrides(chat_model=LONG_MODEL, llm_read_timeout=8.0,
-                                                       llm_turn_timeout=20.0))
+                                                       llm_first_token_timeout=20.0))
     page, base = browser_page, server.url
     page.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=base)
     page.goto(base + "/")

@@ -91,7 +91,7 @@ def test_a_corrupt_thread_hydrates_empty_refuses_turns_and_new_chat_repairs_it(d
     assert all(raw[name].isdigit() for name in ("v", "gen", "clr")) and raw["messages"] == "[]"
     assert visitor.thread()["messages"] == [] and "clear repaired the corrupt thread" in deployed.log_text()
     frames = chat.turn("after the new chat", timeout=30)
-    assert frames[-1] == {"type": "done", "status": "completed", "messageId": frames[0]["messageId"]}
+    assert frames[-1] == {"type": "done", "status": "completed", "messageId": frames[0]["messageId"], "turn": 1}
     assert texts(visitor.thread()) == ["after the new chat", ANSWER]
 
 

@@ -19,7 +19,7 @@ import openai
 import pytest
 
 from chat_support.fake_llm import (DEFAULT_TEXT, CutPlan, FakeLLM, FakeLLMProcess, Replay, Reply, answer_of,
-                                   plan_pieces, split_tokens, words)
+                                   plan_pieces, progress_events, split_tokens, wait_events, words)
 from chat_support.polling import wait_until
 from chat_support.servers import free_port, port_open
 
@@ -668,3 +668,56 @@ def http_client_errors():
     import http.client
 
     return http.client.HTTPException
+
+
+def raw_events(llm, timeout: float = 10.0) -> list[tuple[float, str]]:
+    """One streamed request's body as ``(seconds since the request, line)`` for each non-empty line."""
+    body = json.dumps({"model": "fake-chat", "messages": MESSAGES, "stream": True}).encode()
+    request = urllib.request.Request(llm.url + "/chat/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+    started, lines = time.monotonic(), []
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        for line in response:
+            if line.strip():
+                lines.append((time.monotonic() - started, line.decode().strip()))
+    return lines
+
+
+@pytest.mark.parametrize("pacer", [True, False], ids=["pacer", "thread-per-stream"])
+def test_events_before_the_first_token_come_at_their_times(pacer):
+    """``before_first``: the slot proxy's x.wait events, llama.cpp's progress chunks and a keep-alive comment,
+    each at its time, all before the first token (which keeps its own delay)."""
+    with FakeLLM(pacer=pacer) as llm:
+        llm.default = Reply(tokens=["Hi", "!"], first_token_delay=0.6,
+                            before_first=[[0, ":"], *wait_events(0.5, every=0.25),
+                                          [0.5, progress_events(1000, 1)[0][1]]])
+        lines = raw_events(llm)
+    kinds = []
+    for at, line in lines:
+        if line == ":":
+            kinds.append("comment")
+            continue
+        event = json.loads(line[len("data: "):]) if line != "data: [DONE]" else "[DONE]"
+        if event == "[DONE]":
+            kinds.append("done")
+        elif event.get("object") == "x.wait":
+            assert event["reason"] == "another_turn"
+            kinds.append(("wait", at))
+        elif "prompt_progress" in event:
+            assert event["prompt_progress"] == {"total": 1000, "cache": 0, "processed": 0, "time_ms": 0}
+            kinds.append("progress")
+        elif event["choices"] and event["choices"][0]["delta"].get("content"):
+            assert at >= 0.55
+            kinds.append("text")
+    assert kinds[0] == "comment" and [k[0] for k in kinds[1:3]] == ["wait", "wait"]
+    assert kinds[1][1] < 0.15 and 0.2 <= kinds[2][1] < 0.45  # at once, then 0.25 s later
+    assert kinds[3] == "progress" and kinds[4:] == ["text", "text", "done"]
+
+
+def test_an_error_event_with_an_http_status_code():
+    """``stream_error_status``: the error event llama.cpp's server and the slot proxy send after a 200."""
+    with FakeLLM() as llm:
+        llm.default = Reply(tokens=words(4), stream_error_after=1, stream_error_status=503, error_message="gone")
+        lines = [line for _, line in raw_events(llm)]
+    assert json.loads(lines[-1][len("data: "):]) == {"error": {"message": "gone", "code": 503}}
+    assert sum('"content":"word0"' in line for line in lines) == 1 and "data: [DONE]" not in lines

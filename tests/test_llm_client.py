@@ -20,13 +20,15 @@ PEOPLE_MESSAGES = {
     "The model took too long to answer. Please try again.",
     "The model provider refused the request.",
     "The model is unavailable right now. Please try again.",
+    "The model did not start answering within 6 s. Please try again.",  # first_token_error(6.0)
+    "The model stopped answering: no text for 1 s. The part shown was not saved.",  # token_gap_error(1.0)
 }
 
 
 @pytest.fixture
 def llm_settings(settings, fake_llm):
     return settings.with_overrides(openai_base_url=fake_llm.url, llm_connect_timeout=2.0, llm_read_timeout=1.0,
-                                   llm_turn_timeout=6.0, llm_max_retries=1)
+                                   llm_first_token_timeout=6.0, llm_token_gap_timeout=1.0, llm_max_retries=1)
 
 
 def run(client: LLMClient, *, deadline_s: float = 6.0, cancel_after: int | None = None):

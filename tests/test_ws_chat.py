@@ -33,7 +33,7 @@ def test_full_frame_sequence_and_memory(chat, fake_llm):
     assert start["type"] == "start" and start["messageId"].startswith("m_")
     assert frame_kinds(frames) == ["start", "delta", "done"] and all(f["text"] for f in deltas)
     assert "".join(f["text"] for f in deltas) == "".join(tokens)  # every piece, in order, once
-    assert done == {"type": "done", "status": "completed", "messageId": start["messageId"]}
+    assert done == {"type": "done", "status": "completed", "messageId": start["messageId"], "turn": 1}
 
     messages = chat.thread()["messages"]
     assert [(m["id"], m["role"], m["text"]) for m in messages] == [

@@ -31,5 +31,5 @@ def test_a_turn_in_flight_when_the_thread_is_cleared_is_not_saved(chat, fake_llm
 
     fake_llm.default = Reply(text="A fresh answer.")  # the next turn reads the new counter and is kept
     frames = chat.turn("After the new chat")
-    assert frames[-1] == {"type": "done", "status": "completed", "messageId": frames[0]["messageId"]}
+    assert frames[-1] == {"type": "done", "status": "completed", "messageId": frames[0]["messageId"], "turn": 1}
     assert [m["text"] for m in chat.thread()["messages"]] == ["After the new chat", "A fresh answer."]

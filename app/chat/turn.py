@@ -54,6 +54,28 @@ def asks_something(text: str) -> bool:
     Chinese.  Linear in ``text`` (``record.sentences`` splits in bounded windows)."""
     return any(forms.may_ask(s) for s in sentences(text))
 
+def told_failure(message: str, *, shown: bool) -> str:
+    """A failed turn's message for people: after text was shown it also says that part was not kept."""
+    if shown and "not saved" not in message:
+        return f"{message} The part shown was not saved."
+    return message
+
+
+def next_turn_number(state: ThreadState) -> int:
+    """The number the next person turn of ``state`` takes (docs/contract.md: "Turn numbers"): one past the last
+    turn's (or past the folded turns), skipping the numbers of forgotten turns."""
+    numbers = state.turn_numbers()
+    number = max(numbers[-1] if numbers else 0, state.folded_turns) + 1
+    while number in state.forgotten_turns:
+        number += 1
+    return number
+
+
+STREAMING_MARK_EVERY_SECONDS = 20.0
+"""While text flows, the thread's ``streaming`` mark (``CompactionRequests.turn_streaming``; it lives
+``LLM_FIRST_TOKEN_TIMEOUT_SECONDS`` plus a margin of 30 s) is renewed this often: an answer that keeps coming
+has no total-time limit, and no refinement of its thread may start while it streams."""
+
 STREAMING, COMMITTING, FINISHED = "streaming", "committing", "finished"
 T = TypeVar("T")
 REFUSALS = {"id_conflict": "message_id_reused", "full": "memory_full"}
@@ -128,13 +150,25 @@ class Turn(TurnIO):
         self.state = ThreadState()
         self.cleared_seen: int | None = None  # the clear counter read by prepare(); None: not known
         self.context: AssembledContext  # set by prepare() (a producer reads it after)
-        self.deadline = 0.0  # set when streaming starts
         self._lock = threading.Lock()
         self._phase = STREAMING
         self._pieces: list[str] = []
         self._folded_at_cap = False
         self.outcome = TurnOutcome(TurnStatus.FAILED, self.message_id, self.user_id)
         self.stats = self.outcome.stats
+        self.stats.on_wait = self._told_wait
+        self._wait_told: tuple[str, int | None, float] | None = None  # the last waiting frame: for, percent, when
+        self._marked_at = 0.0  # when the thread was last marked streaming (time.monotonic())
+
+    @property
+    def deadline(self) -> float:
+        """``time.monotonic()`` by which a model call starting now must bring its first text (seconds; ``TurnIO``).
+
+        A turn's clock measures silence, not length (docs/contract.md: Configuration): each streamed call
+        may wait ``LLM_FIRST_TOKEN_TIMEOUT_SECONDS`` for its first text, then ``LLM_TOKEN_GAP_TIMEOUT_SECONDS``
+        between two pieces of it (``app.llm.client.SilenceClock``); nothing limits the answer's total time.
+        """
+        return time.monotonic() + self.services.settings.llm_first_token_timeout
 
     @property
     def active(self) -> bool:
@@ -145,7 +179,40 @@ class Turn(TurnIO):
         self.outcome.status = status
         self._phase = FINISHED
         self._account()  # before done: a stats read after done sees this turn
-        self.writer.send({"type": "done", "status": status, "messageId": self.message_id, **extra})
+        self.writer.send({"type": "done", "status": status, "messageId": self.message_id, **extra,
+                          **self._done_facts()})
+
+    def _done_facts(self) -> dict:
+        """What ``done`` tells beyond its status (docs/contract.md: the done frame): ``"turn"``, the memory turn
+        number of a turn that was written; ``"finish": "length"`` when the answer ended at its token limit."""
+        facts: dict = {}
+        if self.outcome.committed:
+            facts["turn"] = next_turn_number(self.state)
+        if self.outcome.status.writes_memory and self.stats.finish_reason == "length":
+            facts["finish"] = "length"
+        return facts
+
+    WAIT_WORDS = {
+        "model_busy": "The model is answering another message first.",
+        "another_turn": "The model is answering another visitor first.",
+        "reading": "Reading the conversation again…",
+    }
+    """The ``message`` of each ``waiting`` frame's ``for`` (docs/contract.md: the waiting frame)."""
+
+    def _told_wait(self, reason: str, percent: int | None) -> None:
+        """The model's stream said why the first token waits (``StreamStats.on_wait``): send a ``waiting`` frame
+        when the reason changes, or when a reading's percent changed and a second passed since the last one."""
+        if self.stats.first_token_at is not None or reason not in self.WAIT_WORDS:
+            return
+        now = time.monotonic()
+        last = self._wait_told
+        if last is not None and last[0] == reason and (last[1] == percent or now - last[2] < 1.0):
+            return
+        self._wait_told = (reason, percent, now)
+        frame: dict = {"type": "waiting", "for": reason, "message": self.WAIT_WORDS[reason]}
+        if percent is not None:
+            frame["percent"] = percent
+        self.send_if_streaming(frame)
 
     def send_if_streaming(self, frame: dict, piece: str | None = None) -> bool:
         """Send ``frame`` while the turn streams (``TurnIO``); ``piece`` joins ``streamed_text`` with it."""
@@ -155,7 +222,9 @@ class Turn(TurnIO):
             if piece is not None:
                 self._pieces.append(piece)
             self.writer.send(frame)
-            return True
+        if piece is not None and time.monotonic() - self._marked_at >= STREAMING_MARK_EVERY_SECONDS:
+            self._mark_activity(streaming=True)  # an answer has no total-time limit: its mark must outlive it
+        return True
 
     @property
     def streamed_text(self) -> str:
@@ -265,6 +334,7 @@ class Turn(TurnIO):
 
     def _mark_activity(self, *, streaming: bool) -> None:
         """Tell the compaction requests that this thread streams, or has just ended a turn; never raises."""
+        self._marked_at = time.monotonic()
         try:
             requests = self.services.compaction_requests
             (requests.turn_streaming if streaming else requests.turn_ended)(self.thread_id)
@@ -276,19 +346,18 @@ class Turn(TurnIO):
         outcome = self.outcome
         outcome.started_at = time.monotonic()
         self.context = context
-        self.deadline = outcome.started_at + settings.llm_turn_timeout
         self.writer.send({"type": "start", "messageId": self.message_id})
         if settings.bundled_model and self.services.llm.streams_in_flight:
             # The bundled model's server answers one request at a time (README: The bundled model): say so.
-            self.send_if_streaming({"type": "waiting", "for": "model_busy",
-                                    "message": "The model is answering another message first."})
+            self._wait_told = ("model_busy", None, time.monotonic())
+            self.send_if_streaming({"type": "waiting", "for": "model_busy", "message": self.WAIT_WORDS["model_busy"]})
         try:
             result = self.producer.run(self)
         except (LLMError, ProducerError) as exc:
             log.info("turn on %s failed: %s", self.thread_id[:13], getattr(exc, "category", exc.code))
             with self._lock:
                 if self._phase == STREAMING:
-                    self.writer.error(exc.code, exc.message)
+                    self.writer.error(exc.code, told_failure(exc.message, shown=bool(self._pieces)))
                     outcome.error_code = exc.code
                     self._finish(TurnStatus.FAILED, code=exc.code)
             return

@@ -2,7 +2,11 @@
 
 Retries happen only before the first token arrives (a retry after tokens were
 shown would duplicate text), with tenacity's exponential backoff, and never past
-the turn's deadline.  Cancelling closes the upstream response so the provider
+the call's first-token deadline.  A stream's clock measures silence, not length
+(docs/contract.md: Configuration, ``LLM_FIRST_TOKEN_TIMEOUT_SECONDS`` and
+``LLM_TOKEN_GAP_TIMEOUT_SECONDS``): the wait for the first text, then the gap
+between two pieces of text; events without text (keep-alives, the bundled model's
+``x.wait`` and prompt progress) keep the connection alive but do not count as text.  Cancelling closes the upstream response so the provider
 stops generating.  Every failure surfaces as ``LLMError`` (contract error codes,
 a message for people, no exception text).
 """
@@ -42,6 +46,10 @@ class StreamStats:
         finish_reason: the provider's, when it sent one.
         prompt_read: prompt tokens the server read for this answer (llama.cpp's ``timings.prompt_n``), else None.
         prompt_cached: prompt tokens it took from its cache instead (llama.cpp's ``timings.cache_n``), else None.
+        on_wait: called from the reading thread with ``(reason, percent)`` when the stream says why the
+            first token waits: ``("another_turn", None)`` for the slot proxy's ``x.wait`` event, ``("reading",
+            0..100)`` for llama.cpp's prompt progress while more than ``READING_NOTICE_TOKENS`` remain to read.
+            Set by the turn; None: ignored.  It must not block.
     """
 
     prompt_tokens: int | None = None
@@ -51,6 +59,7 @@ class StreamStats:
     finish_reason: str | None = None
     prompt_read: int | None = None
     prompt_cached: int | None = None
+    on_wait: Callable[[str, int | None], None] | None = field(default=None, repr=False, compare=False)
 
 
 def _next_tick(after: float, interval: float) -> float:
@@ -108,9 +117,9 @@ class _UpstreamAbort:
     of the stream never shuts down a pooled connection that another request already reuses.
     """
 
-    def __init__(self, stream, cancelled: CancelEvent):
+    def __init__(self, stream, cancelled: threading.Event):
         self._stream = stream
-        self._cancelled = cancelled  # the event this is registered on (``add_callback``)
+        self._cancelled = cancelled  # the event this may be registered on (a ``CancelEvent``'s ``add_callback``)
         self._lock = threading.Lock()
         self._released = False
 
@@ -127,7 +136,8 @@ class _UpstreamAbort:
                     pass
 
     def release(self) -> None:
-        self._cancelled.remove_callback(self)
+        if isinstance(self._cancelled, CancelEvent):
+            self._cancelled.remove_callback(self)
         with self._lock:
             self._released = True
 
@@ -170,6 +180,107 @@ class StreamDelta:
 
 
 MAX_SSE_LINE_BYTES = 1 << 20  # an unfinished event line longer than this fails the stream
+
+READING_NOTICE_TOKENS = 200
+"""Prompt progress is told (``on_wait("reading", percent)``) only while more than this many tokens remain to read."""
+
+
+def event_error(error) -> LLMError:
+    """The ``LLMError`` of an error event in a stream that had already answered 200
+    (``data: {"error": {"message", "code": <HTTP status>}}``, as llama.cpp's server and the bundled model's
+    slot proxy send it): the same as a non-200 answer with that status would give (``map_error``), so it is
+    retried only before any text was shown.  ``status_code`` and ``provider_message`` are set (for logs).
+    """
+    status = error.get("code") if isinstance(error, dict) else None
+    status = status if isinstance(status, int) and not isinstance(status, bool) else None
+    detail = error.get("message") if isinstance(error, dict) else error
+    if status == 429:
+        err = LLMError("rate_limited", "The model provider is busy right now. Please try again in a moment.",
+                       "rate_limited", True)
+    elif status is not None and 400 <= status < 500 and status != 408:
+        err = LLMError("llm_unavailable", "The model provider refused the request.", "bad_request", False)
+    else:
+        err = LLMError("llm_unavailable", "The model is unavailable right now. Please try again.", "unavailable",
+                       True)
+    err.status_code = status
+    err.provider_message = str(detail or "")[:500]
+    return err
+
+
+def _timed_out(exc: BaseException) -> bool:
+    """True for a read that timed out (httpx's or the SDK's exception)."""
+    return isinstance(exc, (openai.APITimeoutError, TimeoutError)) or any(
+        cls.__name__ == "TimeoutException" for cls in type(exc).__mro__)
+
+
+def first_token_error(limit: float) -> LLMError:
+    """The failure of an answer whose first text did not come within ``limit`` seconds (not retried: the
+    limit covers the retries)."""
+    return LLMError("llm_unavailable", f"The model did not start answering within {limit:g} s. Please try again.",
+                    "first_token_timeout", False)
+
+
+def token_gap_error(limit: float) -> LLMError:
+    """The failure of an answer that sent no text for ``limit`` seconds after some text was shown."""
+    return LLMError("llm_unavailable", f"The model stopped answering: no text for {limit:g} s. "
+                    "The part shown was not saved.", "token_gap_timeout", False)
+
+
+class SilenceClock:
+    """The silence limits of one streamed answer, kept by a watchdog thread (a greenlet under gevent).
+
+    Before the first text the limit is ``first_deadline`` (``time.monotonic()`` seconds, the same for every
+    attempt of a call); once text came, it is ``gap`` seconds from the moment the reader began waiting for
+    more (time the consumer holds a piece is not silence).  Events without text never move either.  When a
+    limit passes, ``expired`` says which (``"first_token"`` or ``"gap"``) and ``abort()`` is called (it shuts
+    the connection down, so the blocked read returns at once and the provider sees the client go away).
+
+    Args:
+        first_deadline: ``time.monotonic()`` by which the first text must come (seconds).
+        first_limit: the first-token limit in seconds (for the message).
+        gap: the longest silence between two pieces of text (seconds).
+        abort: called once, from the watchdog, when a limit passes.
+    """
+
+    def __init__(self, first_deadline: float, first_limit: float, gap: float, abort: Callable[[], None]):
+        self.first_deadline = first_deadline
+        self.first_limit = first_limit
+        self.gap = gap
+        self._abort = abort
+        self.text_seen = False
+        self.waiting_since: float | None = None  # set by the reader while it waits after text
+        self.expired: str | None = None
+        self._stopped = threading.Event()
+        threading.Thread(target=self._watch, name="llm-silence-clock", daemon=True).start()
+
+    def _due(self) -> float | None:
+        if not self.text_seen:
+            return self.first_deadline
+        since = self.waiting_since
+        return None if since is None else since + self.gap
+
+    def _watch(self) -> None:
+        while True:
+            due = self._due()
+            rest = self.gap if due is None else due - time.monotonic()
+            if rest > 0:
+                if self._stopped.wait(rest):
+                    return
+                continue
+            self.expired = "gap" if self.text_seen else "first_token"
+            if not self._stopped.is_set():
+                self._abort()
+            return
+
+    def error(self) -> LLMError:
+        """The failure for the limit that passed (for the current phase when none did: the socket's own read
+        timeout, equal to the limit, fired first)."""
+        gap = self.expired == "gap" if self.expired else self.text_seen
+        return token_gap_error(self.gap) if gap else first_token_error(self.first_limit)
+
+    def stop(self) -> None:
+        """End the watchdog (the stream ended); no abort happens after this returns... unless it already ran."""
+        self._stopped.set()
 
 
 def truncated_error() -> LLMError:
@@ -259,9 +370,10 @@ class SSEDecoder:
                 event = orjson.loads(payload)
             except ValueError:  # orjson.JSONDecodeError is one
                 raise LLMError("llm_unavailable", "The model sent an unreadable answer.", "unavailable", True) from None
-            if not isinstance(event, dict) or event.get("error"):
-                raise LLMError("llm_unavailable", "The model is unavailable right now. Please try again.",
-                               "unavailable", True)
+            if not isinstance(event, dict):
+                raise LLMError("llm_unavailable", "The model sent an unreadable answer.", "unavailable", True)
+            if event.get("error"):
+                raise event_error(event["error"])
             events.append(event)
         return events
 
@@ -280,7 +392,7 @@ class SSEStream:
         stats: filled with usage, finish reason and the first-token time as events arrive.
     """
 
-    def __init__(self, manager, stats: StreamStats):
+    def __init__(self, manager, stats: StreamStats, clock: Callable[["SSEStream"], SilenceClock] | None = None):
         self._manager = manager
         self._api_response = manager.__enter__()
         self.response = self._api_response.http_response  # the httpx response (its socket, for aborts)
@@ -293,6 +405,7 @@ class SSEStream:
         self.finished = False  # [DONE] read or the body ended
         self._failure: Exception | None = None  # raised by the next read()
         self._finish_read = False  # a finish_reason came in this response (not an earlier attempt's)
+        self.clock = clock(self) if clock is not None else None
 
     @property
     def complete(self) -> bool:
@@ -310,8 +423,9 @@ class SSEStream:
         without either (the provider's connection closed, its process killed) is a failure.
 
         Raises:
-            LLMError: an unreadable event or an error event (``llm_unavailable``); the body ended
-                before the answer was whole (``upstream_truncated``).
+            LLMError: an unreadable event or an error event (``event_error``); the body ended
+                before the answer was whole (``upstream_truncated``); a silence limit passed
+                (``SilenceClock``: ``first_token_error``, ``token_gap_error``).
             httpx.HTTPError: the connection failed (the caller maps it).
         """
         if self._failure is not None:
@@ -319,27 +433,48 @@ class SSEStream:
             raise failure
         if self.finished:
             return None
+        clock = self.clock
+        if clock is not None and clock.text_seen:
+            clock.waiting_since = time.monotonic()
         pieces: list[str] = []
         tool_calls: list = []
         while True:
             try:
                 data = next(self._body)
                 self._feed(data, pieces, tool_calls)
+                if clock is not None and clock.expired:
+                    raise clock.error()
             except StopIteration:
                 self.finished = True
-                if not self.complete:
+                ended: LLMError | None = clock.error() if clock is not None and clock.expired else \
+                    None if self.complete else truncated_error()
+                if ended is not None:
                     if not (pieces or tool_calls):
-                        raise truncated_error() from None
-                    self._failure = truncated_error()  # after what did arrive
+                        raise ended from None
+                    self._failure = ended  # after what did arrive
                 break
             except Exception as exc:
+                # the watchdog shut the connection down, or the socket's read timeout (the same limit) fired
+                cause: Exception = exc
+                if clock is not None and not isinstance(exc, LLMError) and (clock.expired or _timed_out(exc)):
+                    cause = clock.error()
                 if not (pieces or tool_calls):
-                    raise
+                    if cause is exc:
+                        raise
+                    raise cause from None
                 # what arrived before the failure is still delivered (once); the failure comes next
-                self._failure, self.finished = exc, True
+                self._failure, self.finished = cause, True
                 break
-            if self.finished or ((pieces or tool_calls) and not self._waiting()):
+            if pieces or tool_calls:
+                if clock is not None:
+                    clock.text_seen = True
+                    clock.waiting_since = time.monotonic()
+                if self.finished or not self._waiting():
+                    break
+            elif self.finished:
                 break
+        if clock is not None:
+            clock.waiting_since = None  # the consumer holds it: not silence
         text = "".join(pieces)
         if text and self._stats.first_token_at is None:
             self._stats.first_token_at = time.monotonic()
@@ -348,6 +483,8 @@ class SSEStream:
     def _feed(self, data: bytes, pieces: list[str], tool_calls: list) -> None:
         stats = self._stats
         for event in self._decoder.feed(data):
+            if event.get("object") == "x.wait" or "prompt_progress" in event:
+                self._told_wait(event)
             for choice in event.get("choices") or ():
                 delta = choice.get("delta")
                 if delta:
@@ -371,8 +508,31 @@ class SSEStream:
         if self._decoder.done:
             self.finished = True
 
+    def _told_wait(self, event: dict) -> None:
+        """Pass a wait event on to ``stats.on_wait``: the slot proxy's ``{"object": "x.wait", "reason"}`` or
+        llama.cpp's ``{"prompt_progress": {"total", "cache", "processed", "time_ms"}}`` (tokens; ``processed``
+        counts the cached ones too)."""
+        listener = self._stats.on_wait
+        if listener is None:
+            return
+        progress = event.get("prompt_progress")
+        if isinstance(progress, dict):
+            total, cache, processed = progress.get("total"), progress.get("cache"), progress.get("processed")
+            if not (isinstance(total, int) and isinstance(cache, int) and isinstance(processed, int)):
+                return
+            to_read = total - cache
+            if to_read <= READING_NOTICE_TOKENS or processed >= total:
+                return
+            percent = max(0, min(99, (processed - cache) * 100 // to_read))
+            listener("reading", percent)
+        else:
+            reason = event.get("reason")
+            listener(reason if isinstance(reason, str) and reason else "another_turn", None)
+
     def close(self) -> None:
-        """Close the response (its connection goes back to the pool or is closed)."""
+        """Stop the clock and close the response (its connection goes back to the pool or is closed)."""
+        if self.clock is not None:
+            self.clock.stop()
         self._manager.__exit__(None, None, None)
 
 
@@ -399,9 +559,16 @@ class LLMClient:
             self._in_flight += step
 
     def _timeout(self, deadline: float) -> openai.Timeout:
+        """The socket's limits for one attempt: a read may wait for the first text until ``deadline`` and, once
+        text flows, for one token gap (the ``SilenceClock`` keeps both exactly; this bounds the wait for the
+        response's headers, before the clock runs)."""
         remaining = max(0.5, deadline - time.monotonic())
-        read = min(self.settings.llm_read_timeout, remaining)
+        read = max(remaining, self.settings.llm_token_gap_timeout)
         return openai.Timeout(read, connect=min(self.settings.llm_connect_timeout, remaining))
+
+    def first_token_deadline(self) -> float:
+        """``time.monotonic()`` by which a model call starting now must bring its first text (seconds)."""
+        return time.monotonic() + self.settings.llm_first_token_timeout
 
     def _open(self, messages: list[dict], model: str, deadline: float, stats: StreamStats, extra: dict,
               cancelled: threading.Event, headers: dict | None = None):
@@ -412,19 +579,30 @@ class LLMClient:
         """
         if cancelled.is_set():
             raise LLMError("llm_unavailable", "The turn was cancelled.", "cancelled", False)
+        if time.monotonic() >= deadline:
+            raise first_token_error(self.settings.llm_first_token_timeout)
         stats.attempts += 1
         # The answer may use at most RESERVED_OUTPUT_TOKENS: the prompt was assembled to leave exactly that room.
         extra = {**answer_options(self.settings), **extra}
+        if self.settings.bundled_model:
+            extra.setdefault("return_progress", True)  # llama.cpp's prompt progress: the page says "reading"
         # The prompt (and tools) go as extra_body, the SDK's own way to send JSON as given: its per-request
         # transformation of typed parameters walks every message and tool schema (about half of a turn's
         # CPU in bench/ws_load.py) and changes nothing in these plain JSON values.  The body is the same.
+        settings = self.settings
+        abort_box: list[_UpstreamAbort] = []
+
+        def clock(stream: SSEStream) -> SilenceClock:
+            abort_box.append(_UpstreamAbort(stream, cancelled))
+            return SilenceClock(deadline, settings.llm_first_token_timeout, settings.llm_token_gap_timeout,
+                                abort_box[0])
+
         stream = SSEStream(self.client.chat.completions.with_streaming_response.create(
             model=model, messages=[], stream=True, stream_options={"include_usage": True},
             timeout=self._timeout(deadline), extra_body={"messages": messages, **extra},
-            extra_headers=headers or None), stats)
-        abort = None
+            extra_headers=headers or None), stats, clock)
+        abort = abort_box[0]  # released before the stream is closed, registered or not
         if isinstance(cancelled, CancelEvent):
-            abort = _UpstreamAbort(stream, cancelled)
             cancelled.add_callback(abort)
         try:
             first = stream.read()
@@ -437,7 +615,7 @@ class LLMClient:
             raise
         return stream, first, abort
 
-    def stream_chat(self, messages: list[dict], *, cancelled: threading.Event, deadline: float,
+    def stream_chat(self, messages: list[dict], *, cancelled: threading.Event, deadline: float | None = None,
                     stats: StreamStats, model: str | None = None, flush_interval: float = 0.0,
                     thread_id: str | None = None, **extra) -> Iterator[StreamDelta]:
         """Yield the answer as ``StreamDelta`` values: each holds every event that had arrived when it was read.
@@ -454,7 +632,10 @@ class LLMClient:
         Args:
             messages: the prompt, ``[{"role", "content"}]``.
             cancelled: set by another thread to stop; the upstream response is then closed.
-            deadline: ``time.monotonic()`` after which the turn fails (``llm_unavailable``).
+            deadline: ``time.monotonic()`` by which the first text must come, through every retry (default: now
+                plus ``LLM_FIRST_TOKEN_TIMEOUT_SECONDS``); once text flows, only the gap between two pieces of
+                text is limited (``LLM_TOKEN_GAP_TIMEOUT_SECONDS``), never the answer's total time: its length
+                is bounded by ``max_tokens`` (``app.llm.sampling.answer_options``).
             stats: filled with usage, first-token time and attempts.
             model: overrides ``CHAT_MODEL``.
             flush_interval: least time between two values after the first (seconds; 0: read on).
@@ -464,10 +645,13 @@ class LLMClient:
                 the values then carry ``tool_calls`` parts too.
 
         Raises:
-            LLMError: the provider failed, timed out, or the deadline passed (with ``status_code``
-                and ``provider_message`` set, see ``mapped_error``).
+            LLMError: the provider failed (an HTTP error, or an error event after it answered 200), or a
+                silence limit passed (``first_token_error``, ``token_gap_error``), with ``status_code`` and
+                ``provider_message`` set, see ``mapped_error``.
         """
         model = model or self.settings.chat_model
+        if deadline is None:
+            deadline = self.first_token_deadline()
         retrying = Retrying(
             stop=stop_after_attempt(1 + self.settings.llm_max_retries)
             # stop_before_delay counts the coming backoff: no attempt starts later than 1 s before the deadline
@@ -493,6 +677,8 @@ class LLMClient:
         except Exception as exc:
             if cancelled.is_set():
                 return  # cancelled while connecting: the connection is already shut down
+            if _timed_out(exc) and time.monotonic() >= deadline - 0.05:
+                raise first_token_error(self.settings.llm_first_token_timeout) from None
             raise mapped_error(exc) from None
         try:
             while delta is not None:
@@ -500,14 +686,11 @@ class LLMClient:
                     yielded_at = time.monotonic()
                     yield delta
                     if flush_interval > 0:
-                        rest = min(_next_tick(yielded_at, flush_interval), deadline) - time.monotonic()
+                        rest = _next_tick(yielded_at, flush_interval) - time.monotonic()
                         if rest > 0 and cancelled.wait(rest):
                             return
                 if cancelled.is_set():
                     return
-                if time.monotonic() > deadline:
-                    raise LLMError("llm_unavailable", "The model took too long to answer. Please try again.",
-                                   "timeout", False)
                 delta = stream.read()
         except LLMError:
             raise

@@ -73,7 +73,9 @@ class TurnIO(Protocol):
         state: the ``ThreadState`` read at the start of the turn.
         context: the assembled prompt (``AssembledContext``; its budget in tokens).
         cancelled: set when the person cancels or the socket closes.
-        deadline: ``time.monotonic()`` seconds by which the answer must be complete.
+        deadline: ``time.monotonic()`` seconds by which a model call starting now must bring its first text
+            (docs/contract.md: Configuration, ``LLM_FIRST_TOKEN_TIMEOUT_SECONDS``; once text flows only the gap
+            between two pieces is limited, never an answer's total time).
         stats: the ``StreamStats`` the streamed model calls fill (tokens, first-token time).
         message_id: the assistant message id the turn writes.
         user_id: the user message id the turn writes.
@@ -85,10 +87,14 @@ class TurnIO(Protocol):
     state: ThreadState
     context: AssembledContext
     cancelled: threading.Event
-    deadline: float
     stats: StreamStats
     message_id: str
     user_id: str
+
+    @property
+    def deadline(self) -> float:
+        """See the class docstring: a new value for each model call (seconds on ``time.monotonic()``)."""
+        ...
 
     def send_if_streaming(self, frame: dict, piece: str | None = None) -> bool:
         """Send ``frame`` to the person while the turn still streams.

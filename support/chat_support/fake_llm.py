@@ -200,7 +200,17 @@ class Reply:
         Non-streaming: headers (with the final Content-Length) then nothing.
       * ``stream_error_after=N``: send N tokens, then an SSE
         ``data: {"error": {...}}`` event and end the stream (the SDK raises
-        ``APIError``).
+        ``APIError``). With ``stream_error_status`` (an HTTP status, int) the event is
+        ``{"error": {"message", "code": <status>}}``, as llama.cpp's server and the bundled
+        model's slot proxy send it after they already answered 200.
+
+    Events before the first token (streams): ``before_first`` is a list of ``[seconds, event]``
+    pairs, each written that many seconds after the headers (keep them below
+    ``first_token_delay``): ``event`` a dict is one ``data:`` event (e.g. the slot proxy's
+    ``{"object": "x.wait", "reason": "another_turn"}`` or llama.cpp's
+    ``{"prompt_progress": {"total", "cache", "processed", "time_ms"}}`` chunk, see
+    :func:`progress_event`), a string starting with ``:`` an SSE comment (a keep-alive).
+    ``wait_events(seconds, every)`` and ``progress_events(total, seconds, every)`` build such lists.
       * ``crash="SIGILL"`` (any signal name): the serving process kills itself with that signal at this
         request, before answering anything, as a model server whose build the CPU cannot run does. Only
         for a fake in a process of its own (:mod:`chat_support.llama_standin`).
@@ -232,6 +242,8 @@ class Reply:
     stall_after: Optional[int] = None
     stall_max: Optional[float] = None
     stream_error_after: Optional[int] = None
+    stream_error_status: Optional[int] = None
+    before_first: Optional[list] = None
     usage: Any = USAGE_AUTO
     finish_reason: Optional[str] = None
     model: Optional[str] = None
@@ -564,6 +576,28 @@ def _usage_dict(usage: Any, body: dict, completion_tokens: int) -> Optional[dict
     else:
         raise ValueError(f"bad usage: {usage!r}")
     return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+
+def wait_events(seconds: float, every: float = 2.0, reason: str = "another_turn") -> list:
+    """``Reply.before_first`` for a request that waits ``seconds`` behind another thread's: the slot proxy's
+    ``x.wait`` event at once, then every ``every`` seconds while the wait lasts."""
+    count = max(1, int(-(-seconds // every)))  # ceil
+    return [[i * every, {"object": "x.wait", "reason": reason}] for i in range(count)]
+
+
+def progress_event(total: int, processed: int, cache: int = 0) -> dict:
+    """llama.cpp's prompt-progress chunk (``"return_progress": true``; its real shape: an empty assistant delta
+    plus ``prompt_progress``, token counts, ``processed`` counting the cached tokens too)."""
+    return {"choices": [{"finish_reason": None, "index": 0, "delta": {"role": "assistant", "content": None}}],
+            "object": "chat.completion.chunk",
+            "prompt_progress": {"total": total, "cache": cache, "processed": processed, "time_ms": 0}}
+
+
+def progress_events(total: int, seconds: float, every: float = 0.5, cache: int = 0) -> list:
+    """``Reply.before_first`` for reading ``total`` prompt tokens (``cache`` of them cached) evenly over
+    ``seconds``, one progress chunk every ``every`` seconds (the first at once, at 0 read)."""
+    steps = max(1, int(seconds / every))
+    return [[i * every, progress_event(total, cache + (total - cache) * i // steps, cache)] for i in range(steps)]
 
 
 def _sse(obj: Any) -> bytes:
@@ -1194,6 +1228,12 @@ class _Handler(BaseHTTPRequestHandler):
         headers.update(reply.headers)
         self._send_headers(200, headers)
         rec.status = 200
+        for at, event in reply.before_first or ():
+            self._sleep_until(t0 + float(at))
+            if isinstance(event, str):
+                self._write(frame(event.encode() + b"\n\n"))
+            else:
+                self._write(frame(_sse({"id": cid, "created": created, "model": model, **event})))
         start = t0 + reply.first_token_delay
         n = len(events)
         # Where the scripted failure (if any) cuts the stream: the earliest of drop/stall/error, at most n.
@@ -1239,8 +1279,12 @@ class _Handler(BaseHTTPRequestHandler):
         elif action == "stall":
             self._stall(rec, stall_max)
         else:
-            err = _error_body(500, reply.error_message or "The server had an error while processing your request.",
-                              reply.error_type, reply.error_code)
+            if reply.stream_error_status is not None:  # llama.cpp's and the slot proxy's shape
+                err = {"error": {"message": reply.error_message or "The server had an error.",
+                                 "code": reply.stream_error_status}}
+            else:
+                err = _error_body(500, reply.error_message or "The server had an error while processing your "
+                                  "request.", reply.error_type, reply.error_code)
             rec.outcome = "error"
             self._write(frame(_sse(err)) + (_LAST_CHUNK if chunked else b""))
             rec._finish("error")

@@ -2,7 +2,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import {
-  compactionOutcome, DONE_STATUSES, doneOutcome, MEMORY_STATUSES, memoryHint, settledToolStatus, unkeptLabel,
+  compactionOutcome, DONE_STATUSES, doneOutcome, finishNote, LENGTH_NOTE, MEMORY_STATUSES, memoryHint, settledToolStatus, unkeptLabel,
   unsavedLabel, unsavedReason, writesMemory,
 } from "../../app/web/static/js/status.js";
 
@@ -61,4 +61,11 @@ test("compaction outcomes outside the contract are unknown", () => {
   assert.equal(compactionOutcome("stale"), "stale");
   assert.equal(compactionOutcome("exploded"), "unknown");
   assert.equal(compactionOutcome(undefined), "unknown");
+});
+
+test("an answer that ended at its token limit gets a quiet note", () => {
+  assert.equal(finishNote({ finish: "length" }), LENGTH_NOTE);
+  assert.equal(LENGTH_NOTE, "reached the length limit");
+  assert.equal(finishNote({ finish: "stop" }), "");
+  assert.equal(finishNote({}), "");
 });

@@ -28,20 +28,37 @@ test("done ends the turn in flight unless it names another message", () => {
 });
 
 test("a written done reloads the conversation; anything else only the panel", () => {
+  const none = { turn: 0, note: "" };
   assert.deepEqual(doneDecision({ type: "done", status: "completed", messageId: "m1" }, turn()),
-    { end: "completed", unsaved: "", reload: "thread" });
+    { end: "completed", unsaved: "", reload: "thread", ...none });
   assert.deepEqual(doneDecision({ type: "done", status: "blocked", messageId: "m1" }, turn()),
-    { end: "blocked", unsaved: "", reload: "thread" });
+    { end: "blocked", unsaved: "", reload: "thread", ...none });
   assert.deepEqual(doneDecision({ type: "done", status: "completed", saved: false, reason: "thread_cleared" }, turn()),
-    { end: "completed", unsaved: "thread_cleared", reload: "memory" });
+    { end: "completed", unsaved: "thread_cleared", reload: "memory", ...none });
   assert.deepEqual(doneDecision({ type: "done", status: "cancelled" }, turn()),
-    { end: "cancelled", unsaved: "", reload: "memory" });
+    { end: "cancelled", unsaved: "", reload: "memory", ...none });
   assert.deepEqual(doneDecision({ type: "done", status: "weird" }, turn()),
-    { end: "failed", unsaved: "", reload: "memory" });
+    { end: "failed", unsaved: "", reload: "memory", ...none });
   assert.deepEqual(doneDecision({ type: "done", status: "completed", messageId: "other" }, turn()),
-    { end: null, unsaved: "", reload: "thread" });
+    { end: null, unsaved: "", reload: "thread", ...none });
   assert.deepEqual(doneDecision({ type: "done", status: "completed" }, null),
-    { end: null, unsaved: "", reload: "thread" });
+    { end: null, unsaved: "", reload: "thread", ...none });
+});
+
+test("done tells the memory turn number of a written turn only, and the length note of a complete answer", () => {
+  assert.deepEqual(doneDecision({ type: "done", status: "completed", messageId: "m1", turn: 4 }, turn()),
+    { end: "completed", unsaved: "", reload: "thread", turn: 4, note: "" });
+  assert.deepEqual(doneDecision({ type: "done", status: "completed", turn: 5, finish: "length" }, turn()),
+    { end: "completed", unsaved: "", reload: "thread", turn: 5, note: "reached the length limit" });
+  // not written: no number, whatever the frame says; the answer was still complete at its limit
+  assert.deepEqual(doneDecision({ type: "done", status: "completed", saved: false, reason: "store_unavailable",
+    turn: 5, finish: "length" }, turn()),
+  { end: "completed", unsaved: "store_unavailable", reload: "memory", turn: 0, note: "reached the length limit" });
+  assert.deepEqual(doneDecision({ type: "done", status: "failed", code: "llm_unavailable", turn: 3 }, turn()),
+    { end: "failed", unsaved: "", reload: "memory", turn: 0, note: "" });
+  for (const bad of [0, -1, 2.5, "3", null]) {
+    assert.equal(doneDecision({ type: "done", status: "completed", turn: bad }, turn()).turn, 0);
+  }
 });
 
 test("an error before start rejects the turn; model errors check health", () => {
@@ -72,7 +89,23 @@ test("the waiting note: due after WAIT_NOTICE_MS, at once when the server said w
   assert.equal(busy.waitFor, "model_busy");
   assert.equal(waitingText(busy, 10_200), "waiting for the model… 0 s — it is answering another message first");
   assert.equal(waitingText(turn({ answer: "Hel" }), 20_000), null);
-  assert.deepEqual(waitingInfo({ type: "waiting", message: "queue" }), { waitFor: "model", waitReason: "queue" });
+  assert.deepEqual(waitingInfo({ type: "waiting", message: "queue" }),
+    { waitFor: "model", waitReason: "queue", waitPercent: 0 });
+});
+
+test("the waiting note names why: another visitor's turn, or reading the conversation with its percent", () => {
+  const other = turn(waitingInfo({ type: "waiting", for: "another_turn", message: "The model is answering another visitor first." }));
+  assert.equal(waitingText(other, 10_000 + 7_400), "waiting for the model… 7 s — it is answering another visitor first");
+  const reading = (percent) => turn(waitingInfo({ type: "waiting", for: "reading", message: "Reading…", percent }));
+  assert.equal(waitingText(reading(40), 10_000 + 12_900), "reading the conversation again… 40 % · 12 s");
+  assert.equal(waitingText(reading(0), 10_000 + 3_000), "reading the conversation again… 3 s"); // 0 %: not told
+  assert.equal(waitingText(reading(250), 10_000), "reading the conversation again… 99 % · 0 s");
+  assert.equal(waitingText(reading("40"), 10_000), "reading the conversation again… 0 s");
+  assert.equal(waitingText({ ...reading(40), answer: "Hi" }, 20_000), null);
+  // a later reason replaces the earlier one
+  const t = turn(waitingInfo({ type: "waiting", for: "another_turn" }));
+  Object.assign(t, waitingInfo({ type: "waiting", for: "reading", percent: 10 }));
+  assert.equal(waitingText(t, 12_000), "reading the conversation again… 10 % · 2 s");
 });
 
 test("tool frames: name, status, call id and the card's words", () => {

@@ -2,7 +2,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import {
-  countPersonTurns, foldedTurns, forgottenText, groupPreview, numberMessages, pinsQuotingText, previewTurns,
+  countPersonTurns, doneTurn, foldedTurns, NOT_A_TURN, personNote, forgottenText, groupPreview, numberMessages, pinsQuotingText, previewTurns,
   probeOrder, turnHolds, turnRefs, whereText,
 } from "../../app/web/static/js/turns.js";
 
@@ -102,4 +102,22 @@ test("what a forget did, in plain words", () => {
   assert.equal(forgottenText({ turn: 3, recent: true, archive: false, recordLines: 1, notes: 0 }), "Turn 3 was forgotten.");
   assert.equal(forgottenText([{ turn: 9 }, { turn: 2 }]), "Turns 2, 9 were forgotten.");
   assert.equal(forgottenText([]), "Nothing was forgotten.");
+});
+
+test("the person's messages are numbered as memory numbers them: a turn that was not written takes none", () => {
+  // the person sends four messages; the second one's turn fails after text was shown (done: failed)
+  const dones = [
+    { type: "done", status: "completed", turn: 1 },
+    { type: "done", status: "failed", code: "llm_unavailable" },
+    { type: "done", status: "completed", turn: 2 },
+    { type: "done", status: "completed", turn: 3, finish: "length" },
+  ];
+  const notes = dones.map((f) => personNote(doneTurn(f), f.status === "completed"));
+  assert.deepEqual(notes, ["turn 1", NOT_A_TURN, "turn 2", "turn 3"]);
+  assert.equal(NOT_A_TURN, "not saved — not a turn of memory");
+  // the person's own count of the messages memory kept agrees with the last number shown
+  assert.equal(notes.filter((n) => n !== NOT_A_TURN).length, 3);
+  assert.equal(personNote(0, true), ""); // written, number not told: nothing shown rather than a wrong one
+  assert.equal(doneTurn({ turn: "2" }), 0);
+  assert.equal(doneTurn({}), 0);
 });

@@ -17,7 +17,11 @@
  *            status?: "started" | "finished" | string, id?: string | number, callId?: string}} ToolFrame
  */
 /** Display only: a stage of the turn. @typedef {{type: "progress", stage?: string, message?: string}} ProgressFrame */
-/** Before the first delta: what the turn waits behind. @typedef {{type: "waiting", for?: string, message?: string}} WaitingFrame */
+/**
+ * Before the first delta: what the turn waits behind (`for`: "model_busy", "another_turn", "reading" with
+ * `percent`, or another reason with its `message`).
+ * @typedef {{type: "waiting", for?: string, message?: string, percent?: number}} WaitingFrame
+ */
 /**
  * Compaction status; may also arrive between turns. A forget (from any tab of the session) is one with
  * `step: "forget"`, the turns' numbers and their message ids.
@@ -25,10 +29,12 @@
  *            step?: string, forgottenTurns?: number[], messageIds?: unknown[]}} MemoryFrame
  */
 /**
- * The end of a turn. `saved: false` (with a `reason`) when a completed or blocked turn was not written.
+ * The end of a turn. `saved: false` (with a `reason`) when a completed or blocked turn was not written;
+ * `turn`: the memory turn number of a written turn; `finish: "length"`: the answer ended at its token limit.
  * @typedef {{type: "done", status?: "completed" | "blocked" | "cancelled" | "failed" | "paused" | string,
  *            messageId?: string, saved?: boolean | "unknown",
- *            reason?: "thread_cleared" | "store_unavailable" | "rejected" | string, code?: string}} DoneFrame
+ *            reason?: "thread_cleared" | "store_unavailable" | "rejected" | string, code?: string,
+ *            turn?: number, finish?: "length" | string}} DoneFrame
  */
 /** @typedef {{type: "error", code?: string, message?: string, retryAfter?: number}} ErrorFrame */
 /**

@@ -4,7 +4,8 @@
  * (GET /api/chat/thread, docs/contract.md: HTTP), the fold divider and "Earlier in this conversation".
  * A bubble's facts are data attributes: data-saved (in memory when last loaded), data-local (sent by this
  * page; with data-turn and data-anchor), data-kept (its turn was written), data-bot-id, data-summarized,
- * data-turn-guess (the turn number its position gives, turns.js numberMessages; checked before use).
+ * data-turn-guess (the turn number its position gives, turns.js numberMessages; checked before use),
+ * data-memory-turn (the turn number shown under a person's message: the one `done` gave, else the guess).
  */
 import { announce, el, h, icon, toast } from "./dom.js";
 import { chat, memory } from "./state.js";
@@ -13,8 +14,53 @@ import { renderMarkdown } from "./markdown.js";
 import { openMemory } from "./drawer.js";
 import { api } from "./api.js";
 import { API } from "./config.js";
+import { personNote } from "./turns.js";
 
 const FEEDBACK_REASONS = ["forgot something I said", "incorrect", "not helpful"];
+
+/**
+ * What `done` frames told this page (docs/contract.md: the done frame), by message id, so that a bubble drawn
+ * again from memory keeps it: a person message's memory turn number, an answer's quiet note.
+ */
+const told = { turns: /** @type {Map<string, number>} */ (new Map()), notes: /** @type {Map<string, string>} */ (new Map()) };
+
+/**
+ * Show the memory turn number `n` under a person's message ("turn 3"; data-memory-turn).
+ * @param {HTMLElement} article
+ * @param {number} n
+ */
+export function markTurn(article, n) {
+  if (!(n > 0) || article.dataset.role !== "user") return;
+  article.dataset.memoryTurn = String(n);
+  const foot = article.querySelector(".msg-foot");
+  if (!foot) return;
+  let label = foot.querySelector('[data-testid="turn-number"]');
+  if (!label) {
+    label = h("span", { class: "turn-no", "data-testid": "turn-number" });
+    foot.prepend(label);
+  }
+  label.textContent = personNote(n, true);
+}
+
+/**
+ * Keep and show what a `done` frame told about the turn of `userEl` and `botEl`: its memory turn number
+ * (0: none) and the note under the answer ("" for none).
+ * @param {HTMLElement} userEl
+ * @param {HTMLElement} botEl
+ * @param {number} turn
+ * @param {string} note
+ */
+export function tellDone(userEl, botEl, turn, note) {
+  if (turn > 0) {
+    if (userEl.dataset.messageId) told.turns.set(userEl.dataset.messageId, turn);
+    markTurn(userEl, turn);
+  }
+  if (note) {
+    const id = botEl.dataset.botId || botEl.dataset.messageId;
+    if (id) told.notes.set(id, note);
+    setNote(botEl, note, "limit");
+  }
+}
 
 /**
  * The text of a bubble as written (markdown for the assistant's): its element's `_text` property, which
@@ -83,6 +129,10 @@ export function makeBubble(opts) {
   foot.append(h("span", { class: "actions" }));
   article.append(foot);
   setBubbleText(article, opts.text || "");
+  const turn = opts.id ? told.turns.get(opts.id) : undefined;
+  if (turn) markTurn(article, turn);
+  const note = opts.id ? told.notes.get(opts.id) : undefined;
+  if (note) setNote(article, note, "limit");
   return article;
 }
 
@@ -208,14 +258,17 @@ export function addMenu(article) {
 }
 
 /**
- * Write each bubble's guessed turn number (data-turn-guess) from numberMessages' map.
+ * Write each bubble's guessed turn number (data-turn-guess) from numberMessages' map, and show a number
+ * under each person's message memory holds: the one a `done` frame gave it, else the guess.
  * @param {Map<string, number>} numbers message id -> turn
  */
 export function tagTurns(numbers) {
   for (const b of el.messages.querySelectorAll('[data-testid="message"]')) {
     if (!(b instanceof HTMLElement)) continue;
-    const n = numbers.get(b.dataset.messageId || "") || numbers.get(b.dataset.botId || "");
+    const id = b.dataset.messageId || "";
+    const n = numbers.get(id) || numbers.get(b.dataset.botId || "");
     if (n) b.dataset.turnGuess = String(n);
+    if (b.dataset.role === "user" && b.dataset.kept !== "false") markTurn(b, told.turns.get(id) || n || 0);
   }
 }
 

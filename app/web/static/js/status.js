@@ -115,5 +115,18 @@ export function compactionOutcome(outcome) {
   return typeof outcome === "string" && COMPACTION_OUTCOMES.includes(outcome) ? outcome : "unknown";
 }
 
+/** The quiet note under an answer that ended at its token limit (`done` with `"finish": "length"`). */
+export const LENGTH_NOTE = "reached the length limit";
+
+/**
+ * The note a `done` frame asks for under its answer: LENGTH_NOTE when the answer ended at its token limit
+ * (it is complete and written as shown), else "".
+ * @param {{finish?: unknown}} frame
+ * @returns {string}
+ */
+export function finishNote(frame) {
+  return frame && frame.finish === "length" ? LENGTH_NOTE : "";
+}
+
 /** Error codes after which the model banner checks /healthz often for a while. */
 export const MODEL_ERROR_CODES = Object.freeze(["llm_unavailable", "upstream_truncated"]);

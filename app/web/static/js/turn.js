@@ -4,8 +4,9 @@
  * (docs/contract.md: WebSocket `/ws/chat`). No DOM access: unit tested in tests/js/turn.test.js;
  * turnview.js applies the decisions to the page.
  */
-import { doneOutcome, MODEL_ERROR_CODES, unsavedReason, writesMemory } from "./status.js";
+import { doneOutcome, finishNote, MODEL_ERROR_CODES, unsavedReason, writesMemory } from "./status.js";
 import { str } from "./format.js";
+import { doneTurn } from "./turns.js";
 
 /** @typedef {import("./frames.js").ServerFrame} ServerFrame */
 /** @typedef {import("./frames.js").DoneFrame} DoneFrame */
@@ -28,6 +29,7 @@ export const FRAME_TYPES = Object.freeze(["start", "delta", "tool", "progress", 
  * @property {number} sentAt when the message was sent (ms since the epoch)
  * @property {string} [waitFor] what the server said the turn waits for (`waiting.for`)
  * @property {string} [waitReason] the words for it
+ * @property {number} [waitPercent] how much of the prompt the model has read (`reading`), 0-99
  */
 
 /**
@@ -56,19 +58,24 @@ export function doneEndsTurn(frame, turn) {
 
 /**
  * What a `done` frame does: the outcome to end the turn in flight with (null: no turn of this page),
- * why it was not written ("" when written or not meant to be), and what to reload: "thread" (the
- * conversation and the stats: memory now holds the turn) or "memory" (the panel only).
+ * why it was not written ("" when written or not meant to be), what to reload: "thread" (the
+ * conversation and the stats: memory now holds the turn) or "memory" (the panel only), the memory turn
+ * number the turn took (0: none, it was not written) and the quiet note under the answer ("" or
+ * status.js LENGTH_NOTE).
  * @param {DoneFrame} frame
  * @param {TurnInfo | null} turn
- * @returns {{end: string | null, unsaved: string, reload: "thread" | "memory"}}
+ * @returns {{end: string | null, unsaved: string, reload: "thread" | "memory", turn: number, note: string}}
  */
 export function doneDecision(frame, turn) {
   const status = str(frame.status);
   const unsaved = unsavedReason(frame);
+  const written = writesMemory(status) && !unsaved;
   return {
     end: doneEndsTurn(frame, turn) ? doneOutcome(status) : null,
     unsaved,
-    reload: writesMemory(status) && !unsaved ? "thread" : "memory",
+    reload: written ? "thread" : "memory",
+    turn: written ? doneTurn(frame) : 0,
+    note: writesMemory(status) ? finishNote(frame) : "",
   };
 }
 
@@ -96,21 +103,32 @@ export function errorDecision(frame, turn) {
 /** The longest `retryAfter` (seconds) after which the page sends a refused message again by itself. */
 export const RETRY_AFTER_MAX_S = 120;
 
+/** The words of each `waiting.for` the page knows (docs/contract.md: the waiting frame). */
+const WAIT_REASONS = Object.freeze({
+  model_busy: "it is answering another message first",
+  another_turn: "it is answering another visitor first",
+  reading: "reading the conversation again",
+});
+
 /**
- * What a `waiting` frame says the turn waits for, and the words for it.
+ * What a `waiting` frame says the turn waits for, the words for it and, while the model reads the
+ * prompt (`reading`), the percent read (0-99; 0 when not told).
  * @param {WaitingFrame} frame
- * @returns {{waitFor: string, waitReason: string}}
+ * @returns {{waitFor: string, waitReason: string, waitPercent: number}}
  */
 export function waitingInfo(frame) {
-  return {
-    waitFor: str(frame.for) || "model",
-    waitReason: frame.for === "model_busy" ? "it is answering another message first" : str(frame.message),
-  };
+  const waitFor = str(frame.for) || "model";
+  const known = /** @type {Record<string, string>} */ (WAIT_REASONS)[waitFor];
+  const percent = typeof frame.percent === "number" && Number.isFinite(frame.percent)
+    ? Math.max(0, Math.min(99, Math.floor(frame.percent))) : 0;
+  return { waitFor, waitReason: known || str(frame.message), waitPercent: waitFor === "reading" ? percent : 0 };
 }
 
 /**
  * The waiting note of a turn without answer text at time `now`, or null while none is due
- * (before WAIT_NOTICE_MS, unless the server said what it waits for; never once text arrived).
+ * (before WAIT_NOTICE_MS, unless the server said what it waits for; never once text arrived). It names
+ * the reason and the seconds since the message was sent: "waiting for the model… 4 s — it is answering
+ * another visitor first", "reading the conversation again… 40 % · 12 s".
  * @param {TurnInfo} turn
  * @param {number} now
  * @returns {string | null}
@@ -119,8 +137,13 @@ export function waitingText(turn, now) {
   if (turn.answer) return null;
   const ms = now - turn.sentAt;
   if (ms < WAIT_NOTICE_MS && !turn.waitReason) return null;
+  const seconds = `${Math.floor(Math.max(ms, 0) / 1000)} s`;
+  if (turn.waitFor === "reading") {
+    const percent = turn.waitPercent ? `${turn.waitPercent} % · ` : "";
+    return `${WAIT_REASONS.reading}… ${percent}${seconds}`;
+  }
   const reason = turn.waitReason ? ` — ${turn.waitReason}` : "";
-  return `waiting for the model… ${Math.floor(Math.max(ms, 0) / 1000)} s${reason}`;
+  return `waiting for the model… ${seconds}${reason}`;
 }
 
 /**

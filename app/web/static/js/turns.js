@@ -10,6 +10,36 @@
 /** @typedef {{id?: unknown, role?: unknown, text?: unknown, createdAt?: unknown}} Msg */
 
 /**
+ * The note under a person's message whose turn memory did not keep (failed, stopped, interrupted, or complete
+ * but not written): it took no turn number, so the numbers under the person's other messages still count
+ * their messages that memory holds.
+ */
+export const NOT_A_TURN = "not saved — not a turn of memory";
+
+/**
+ * The memory turn number a `done` frame gives its turn (docs/contract.md: the done frame, `turn`): a
+ * positive integer, or 0 when it gives none (the turn was not written).
+ * @param {{turn?: unknown}} frame
+ * @returns {number}
+ */
+export function doneTurn(frame) {
+  const n = frame ? frame.turn : null;
+  return typeof n === "number" && Number.isInteger(n) && n > 0 ? n : 0;
+}
+
+/**
+ * The words under a person's message: "turn N" when memory holds its turn as turn N (`turn` > 0), else
+ * NOT_A_TURN when its turn was not written, else "" (written, number not known).
+ * @param {number} turn
+ * @param {boolean} written
+ * @returns {string}
+ */
+export function personNote(turn, written) {
+  if (turn > 0) return `turn ${turn}`;
+  return written ? "" : NOT_A_TURN;
+}
+
+/**
  * How many person turns came before the hydration's recent `messages` (the folded turns), best guess:
  * the record's last turn, else the earliest kept turn plus the archived turns shown, else the archived
  * turns shown.

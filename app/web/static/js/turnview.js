@@ -14,8 +14,9 @@ import {
 import { renderMarkdown } from "./markdown.js";
 import {
   addActions, addCodeCopy, appendBubble, bubbleParts, dropForgotten, lastMessageId, makeBubble, scrollToBottom,
-  setBubbleText, setNote, showChatError, updateEmpty,
+  setBubbleText, setNote, showChatError, tellDone, updateEmpty,
 } from "./messages.js";
+import { NOT_A_TURN } from "./turns.js";
 import { autosize, restoreInput, updateComposer } from "./composer.js";
 import { loadStats, loadThread, refreshMemory } from "./memory.js";
 import { checkModelSoon } from "./health.js";
@@ -155,7 +156,7 @@ export function endTurn(outcome, unsaved = "") {
     bot.dataset.botId = t.messageId;
     const label = unsavedLabel(unsaved);
     setNote(bot, label, "unsaved");
-    setNote(t.userEl, "not saved", "unsaved");
+    setNote(t.userEl, NOT_A_TURN, "unsaved");
     addActions(bot);
     announce(`The answer is complete but ${label}.`);
   } else if (kind === "kept") {
@@ -181,7 +182,7 @@ export function endTurn(outcome, unsaved = "") {
       setNote(t.userEl, "not sent", "unsaved");
     } else {
       setNote(bot, label, "unsaved");
-      setNote(t.userEl, "not saved", "unsaved");
+      setNote(t.userEl, NOT_A_TURN, "unsaved");
     }
     const retry = h("button", {
       type: "button", class: "btn btn-small btn-ghost", "data-testid": "retry",
@@ -363,6 +364,7 @@ export function handleFrame(f) {
       const bot = t && d.end !== null ? t.botEl : null;
       if (d.end !== null) endTurn(d.end, d.unsaved);
       if (bot && f.saved === "unknown") checkSaved(bot, str(f.messageId));
+      if (d.end !== null && t) tellDone(t.userEl, t.botEl, d.turn, d.note); // its turn number, its length note
       if (d.reload === "thread") {
         loadThread({ messages: true });
         loadStats();
