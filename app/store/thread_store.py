@@ -66,7 +66,8 @@ class CommitResult:
         message_count: messages stored after the call.
         messages: the two messages appended (also set for a duplicate).
         refused: why nothing was written, or None (a duplicate is no refusal): ``cleared`` (the
-            thread was cleared after the turn started), ``id_conflict`` (the user message id is
+            thread was cleared after the turn started), ``forgotten`` (a turn of the thread was forgotten
+            after the turn started: docs/contract.md, Forget and provenance), ``id_conflict`` (the user message id is
             stored with a different text), ``full`` (the pair would pass the hard cap on stored
             messages; ``lua/commit_turn.lua``).
         settled: True when the reply was lost and the outcome was read back.
@@ -373,12 +374,15 @@ class ThreadStore:
 
     @_guard
     def commit_messages(self, thread_id: str, user: ThreadMessage, assistant: ThreadMessage,
-                        *, dedupe_by_text: bool, expected_cleared: int | None = None) -> CommitResult:
+                        *, dedupe_by_text: bool, expected_cleared: int | None = None,
+                        expected_forgets: int | None = None) -> CommitResult:
         """Append one turn atomically unless it is a duplicate or refused (one Lua call, one round trip).
 
         ``expected_cleared`` is the thread's clear counter (``ThreadState.cleared``) when the turn
         started; when the thread was cleared since, nothing is written and the result says
-        ``cleared``.  None skips that check.  A user message id stored with another text is refused
+        ``cleared``.  None skips that check.  Likewise ``expected_forgets`` (``ThreadState.forgets`` when the turn
+        started): when a turn was forgotten since, nothing is written (``forgotten``).  A user message id stored
+        with another text is refused
         (``id_conflict``); a pair that would pass the hard cap on stored messages
         (``policy.hard_cap_messages``) is refused (``full``).  A lost reply is settled by reading back.
 
@@ -391,7 +395,8 @@ class ThreadStore:
                 self._commit, keys.ttl_keys(),
                 [_dumps(user.to_dict()), _dumps(assistant.to_dict()), user.id, assistant.id,
                  user.text, assistant.text, "1" if dedupe_by_text else "0", self.ttl,
-                 "" if expected_cleared is None else str(expected_cleared), hard_cap_messages(self.limits)],
+                 "" if expected_cleared is None else str(expected_cleared), hard_cap_messages(self.limits),
+                 "" if expected_forgets is None else str(expected_forgets)],
             )
         except Unsettled as exc:
             return self._settle_commit(thread_id, user, assistant, exc)
@@ -418,12 +423,14 @@ class ThreadStore:
         self._report_error("commit_messages")
         raise StoreUnavailable(f"lost reply settled by reading back: not written ({lost})")
 
-    def commit_final_turn(self, thread_id: str, turn: FinalTurn, *, expected_cleared: int | None = None) -> CommitResult:
+    def commit_final_turn(self, thread_id: str, turn: FinalTurn, *, expected_cleared: int | None = None,
+                          expected_forgets: int | None = None) -> CommitResult:
         """Write a finished turn through the final-turn adapter.
 
         A turn without ids is deduplicated by text against the last stored pair.  With
         ``expected_cleared`` (the clear counter read when the turn started), a turn whose thread
-        was cleared meanwhile writes nothing (``CommitResult.cleared``).
+        was cleared meanwhile writes nothing (``CommitResult.cleared``); with ``expected_forgets`` (the forget
+        counter read then), a turn of a thread where a turn was forgotten meanwhile writes nothing (``forgotten``).
 
         Raises:
             TurnRejected: the turn is not written (status, source or text; README: The boundary).
@@ -432,7 +439,7 @@ class ThreadStore:
         user, assistant = prepare_final_turn(turn, delivery_max_chars=self.limits.delivery_final_max_chars)
         by_text = turn.user_id is None and turn.assistant_id is None
         return self.commit_messages(thread_id, user, assistant, dedupe_by_text=by_text,
-                                    expected_cleared=expected_cleared)
+                                    expected_cleared=expected_cleared, expected_forgets=expected_forgets)
 
     @_guard
     def clear(self, thread_id: str) -> int:
