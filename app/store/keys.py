@@ -6,7 +6,7 @@ or script of the project names keys of two threads, and nothing scans the keyspa
 
 | key | type | holds |
 | --- | --- | --- |
-| ``mem:{hex}`` | hash | ``v``, ``gen``, ``clr`` (times cleared), ``messages`` (JSON), ``summary`` (the record, JSON ``{"fmt": 2, …}``: ``app.memory.record``; text when an earlier version wrote it), ``pins`` (JSON), ``notes`` (JSON), ``lastCompactedAt``, ``ft`` (person turns folded so far), ``ab`` (archive bytes), ``rf`` (turns refined by the model so far), ``uf`` (folds since the last refinement), ``fg`` (turns forgotten so far), ``fgt`` (JSON array of the forgotten turns' numbers) |
+| ``mem:{hex}`` | hash | ``v``, ``gen``, ``clr`` (times cleared), ``messages`` (JSON), ``summary`` (the record, JSON ``{"fmt": 2, …}``: ``app.memory.record``; text when an earlier version wrote it), ``pins`` (JSON), ``notes`` (JSON), ``lastCompactedAt``, ``ft`` (person turns folded so far), ``ab`` (archive bytes), ``rf`` (turns refined by the model so far), ``uf`` (folds since the last refinement), ``fg`` (turns forgotten so far), ``fgt`` (JSON array of the forgotten turns' numbers), ``born`` (creation stamp: the first turn's answer id; every process cache of the thread is valid for it) |
 | ``mem:{hex}:archive`` | sorted set, capped | every folded turn, scored by its turn number: ``{"n", "m": [messages]}`` (``app.store.archive``) |
 | ``mem:{hex}:compacting`` | string, NX + EX | the one pending compaction (the version it saw); a short expiry while queued, held while its task runs |
 | ``mem:{hex}:refining`` | string, NX + EX | the one pending refinement (the model's part of a compaction; the token it was asked with) |

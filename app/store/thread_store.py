@@ -106,12 +106,13 @@ class CompactionCommit:
 @dataclass(frozen=True)
 class ForgetCommit:
     """Outcome of ``ThreadStore.forget_turn``: ``applied`` False when the generation moved on (nothing written);
-    else how many recent messages and archive members (turns) were removed."""
+    else how many recent messages and archive members (turns) were removed, and the forget counter after."""
 
     applied: bool
     version: int = 0
     recent_removed: int = 0
     archive_removed: int = 0
+    forgets: int = 0
 
 
 @dataclass(frozen=True)
@@ -510,14 +511,15 @@ class ThreadStore:
         return CompactionCommit(Outcome.STALE, detail=reason_of(str(result[1])))
 
     @_guard
-    def forget_turn(self, thread_id: str, *, expected_gen: int, turn: int, message_ids: list[str],
-                    record: Record | None, notes: list[str], entry: dict, max_entries: int,
+    def forget_turn(self, thread_id: str, *, expected_gen: int, turns: Sequence[int], message_ids: list[str],
+                    record: Record | None, notes: list[str], entries: Sequence[dict], max_entries: int,
                     turn_message_ids: Sequence[str] = ()) -> ForgetCommit:
-        """Forget turn ``turn`` in one script (``lua/forget_turn.lua``) when the generation is still
-        ``expected_gen``: remove the messages ``message_ids`` and the turn's archive member, write ``record``
-        (None: unchanged) and ``notes``, add ``turn`` to the forgotten turns, move ``fg``, ``gen`` and ``v`` on,
-        and push ``entry`` (numbers and categories only) on the history capped at ``max_entries``; the feedback on
-        ``turn_message_ids`` (every message of the turn, recent or archived) goes too.
+        """Forget ``turns`` in one script (``lua/forget_turn.lua``, one write however many turns) when the
+        generation is still ``expected_gen``: remove the messages ``message_ids`` and the turns' archive members,
+        write ``record`` (None: unchanged) and ``notes``, add ``turns`` to the forgotten turns, move ``fg`` on by the
+        turns new there, ``gen`` and ``v`` by one, and push ``entries`` (numbers and categories only; one a turn)
+        on the history capped at ``max_entries``; the feedback on ``turn_message_ids`` (every message of the turns,
+        recent or archived) goes too.
 
         A lost reply is not settled here: the caller reads the thread again (a forget is idempotent).
 
@@ -527,15 +529,15 @@ class ThreadStore:
         keys = ThreadKeys(thread_id)
         try:
             result = self._write(self._forget, keys.ttl_keys(),
-                                 [str(expected_gen), int(turn), _dumps(list(message_ids)),
+                                 [str(expected_gen), _dumps([int(t) for t in turns]), _dumps(list(message_ids)),
                                   "0" if record is None else "1", "" if record is None else record.to_stored(),
-                                  _dumps(list(notes)), json.dumps(entry, separators=(",", ":")), int(max_entries),
-                                  self.ttl, _dumps(list(turn_message_ids))])
+                                  _dumps(list(notes)), _dumps([json.dumps(e, separators=(",", ":")) for e in entries]),
+                                  int(max_entries), self.ttl, _dumps(list(turn_message_ids))])
         except Unsettled as exc:
             raise StoreUnavailable(str(exc)) from exc
         if not int(result[0]):
             return ForgetCommit(False)
-        return ForgetCommit(True, int(result[1]), int(result[2]), int(result[3]))
+        return ForgetCommit(True, int(result[1]), int(result[2]), int(result[3]), int(result[4]))
 
     def _settle_cas(self, thread_id: str, expected_gen: int, field_name: str, written: str,
                     lost: Unsettled) -> CompactionCommit:

@@ -55,6 +55,9 @@ local out
 if n == 0 then out = '[' .. pair .. ']' else out = string.sub(raw, 1, -2) .. ',' .. pair .. ']' end
 version = redis.call('HINCRBY', KEYS[1], 'v', 1)
 redis.call('HSET', KEYS[1], 'messages', out)
+-- The thread's creation stamp (the first turn's answer id, new for every turn): a thread that expired and began
+-- again gets another, so no process serves the new conversation from a cache of the old one (app/store/archive.py).
+redis.call('HSETNX', KEYS[1], 'born', ARGV[4])
 local ttl = tonumber(ARGV[8])
 for i = 1, #KEYS do redis.call('EXPIRE', KEYS[i], ttl) end
 return {1, version, n + 2}
