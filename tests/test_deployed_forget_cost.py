@@ -13,6 +13,8 @@ streaming (README: "Forget and provenance"; docs/contract.md: Forget and provena
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import pytest
 
@@ -60,9 +62,27 @@ def test_a_forget_of_many_turns_at_the_archive_limit_beside_a_streaming_visitor(
         chat = visitor.connect()
         chat.send({"type": "message", "text": "tell me something long"})
         frames = chat.recv_until(lambda f: f["type"] == "delta", timeout=30)
-        forgotten = owner.session.post(web.url + "/api/chat/forget", json={"turns": chosen}, timeout=120,
-                                       headers={"Origin": web.url, "Cookie": owner.cookie})
+        outcome: dict = {}
+
+        def forget() -> None:
+            outcome["response"] = owner.session.post(web.url + "/api/chat/forget", json={"turns": chosen}, timeout=120,
+                                                     headers={"Origin": web.url, "Cookie": owner.cookie})
+
+        runner = threading.Thread(target=forget)
+        runner.start()
+        seen = []  # the job's status, as the page would poll it while the forget runs
+        while runner.is_alive() and not seen:
+            status = owner.request("GET", "/api/chat/forget/status").json()
+            if status["running"]:
+                seen.append(status)
+            time.sleep(0.02)
+        runner.join(timeout=120)
+        forgotten = outcome["response"]
         frames += chat.recv_until(lambda f: f["type"] in ("done", "error"), timeout=60)
+
+        assert seen and seen[0]["turns"] == chosen and seen[0]["startedAt"] > 0
+        assert owner.request("GET", "/api/chat/forget/status").json() == {"running": False, "turns": [],
+                                                                          "startedAt": None}
 
         assert forgotten.status_code == 200, forgotten.text
         assert [(f["turn"], f["archive"]) for f in forgotten.json()["forgotten"]] == [(t, True) for t in chosen]

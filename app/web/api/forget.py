@@ -20,6 +20,7 @@ are ``ApiError`` answers (400, 404, 409; 503 with the store down).
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 
@@ -37,6 +38,7 @@ from app.memory.state import utc_now_iso
 from app.observability import accounting
 from app.store import archive as archive_store
 from app.store.archive import load_turn_memory
+from app.store.keys import ThreadKeys
 from app.store.thread_store import CorruptState, StoreUnavailable
 from app.web.api.pins import ITEM_NUMBER_RE
 from app.web.responses import MEMORY_UNREADABLE, STORE_UNAVAILABLE, ApiError, guarded_json
@@ -45,6 +47,8 @@ log = logging.getLogger(__name__)
 bp = Blueprint("forget", __name__)
 
 FORGET_ATTEMPTS = 5
+STATUS_TTL_SECONDS = 120
+"""Life of a forget job's status key (``ThreadKeys.forgetting``) should the process die before deleting it."""
 POST_MAX_TURNS = 50
 """Most turns one ``POST /api/chat/forget`` forgets."""
 HISTORY_MAX = 50
@@ -144,7 +148,29 @@ def _plan(state, index, turns: frozenset[int], phrase: str | None):
     return plan_forget(state, turns, quoting=quoting, phrase=phrase), texts, ids, archived
 
 
+def _job_status(thread_id: str, turns: list[int] | None) -> None:
+    """Say that a forget job of ``turns`` runs now for the thread (None: that it ended); advisory, never raises."""
+    key = ThreadKeys(thread_id).forgetting
+    try:
+        if turns is None:
+            services().store.redis.delete(key)
+        else:
+            services().store.redis.set(key, json.dumps({"turns": turns, "startedAt": int(time.time() * 1000)}),
+                                       ex=STATUS_TTL_SECONDS)
+    except redis.RedisError as exc:
+        log.warning("forget status of %s not written: %s", thread_id[:13], type(exc).__name__)
+
+
 def _forget_turns(thread_id: str, turns: list[int], phrase: str | None = None) -> tuple[list[dict], list[int]]:
+    """``_forget_job`` with its status (``GET /api/chat/forget/status``) said while it runs."""
+    _job_status(thread_id, turns)
+    try:
+        return _forget_job(thread_id, turns, phrase)
+    finally:
+        _job_status(thread_id, None)
+
+
+def _forget_job(thread_id: str, turns: list[int], phrase: str | None = None) -> tuple[list[dict], list[int]]:
     """Forget ``turns`` together (module docstring): one read of the thread and its archive index, one plan, one
     script, however many turns; ``([{"turn", "recent", "archive", "recordLines", "notes"}, ...], pinsQuoting)``
     in the order of ``turns``.  A turn already forgotten answers with nothing removed and writes nothing (a
@@ -266,6 +292,22 @@ def forget_by_phrase():
     phrase, turns = _forget_body()
     forgotten, pins = _forget_turns(current_thread_id(), turns, phrase)
     return guarded_json({"forgotten": forgotten, "pinsQuoting": sorted(pins)})
+
+
+@bp.get("/api/chat/forget/status")
+@_store_errors
+def forget_status():
+    """The session's forget job running now: 200 ``{"running": bool, "turns": [int], "startedAt": ms or null}``."""
+    try:
+        raw = services().store.redis.get(ThreadKeys(current_thread_id()).forgetting)
+    except redis.RedisError as exc:
+        raise StoreUnavailable(type(exc).__name__) from exc
+    try:
+        job = json.loads(raw) if raw else None
+        turns, started = [int(t) for t in job["turns"]], int(job["startedAt"])
+    except (ValueError, TypeError, KeyError):
+        return guarded_json({"running": False, "turns": [], "startedAt": None})
+    return guarded_json({"running": True, "turns": turns, "startedAt": started})
 
 
 @bp.get("/api/chat/export")
