@@ -190,7 +190,7 @@ def archived_turn(store: ThreadStore, thread_id: str, turn: int) -> ArchivedTurn
 
 
 def all_archived_turns(store: ThreadStore, thread_id: str) -> list[ArchivedTurn]:
-    """Every archived turn of the thread, oldest first (one ZRANGE; export and forget read it).
+    """Every archived turn of the thread, oldest first (one ZRANGE; the export reads it).
 
     Raises:
         StoreUnavailable: Redis failed.

@@ -243,15 +243,17 @@ def preview_forget():
     """Every memory item holding the phrase: 200 ``{"phrase", "items": [{"place", "turn", "text"}]}``; 400."""
     phrase = _phrase(request.args.get("phrase"))
     svc, thread_id = services(), current_thread_id()
-    state = svc.store.load(thread_id)
+    state, index = load_turn_memory(svc.store, thread_id, run=off_the_event_loop)
     items: list[dict] = []
     for messages, number in zip(state.turns(), state.turn_numbers()):
         items.extend({"place": "recent", "turn": number, "text": m.text}
                      for m in messages if contains_phrase(m.text, phrase))
-    if state.folded_turns:
-        for archived in archive_store.all_archived_turns(svc.store, thread_id):
-            items.extend({"place": "archive", "turn": archived.number, "text": m.text}
-                         for m in archived.messages if contains_phrase(m.text, phrase))
+
+    def archived_items() -> list[dict]:  # CPU only: the whole archive, off the event loop
+        return [{"place": "archive", "turn": archived.number, "text": m.text}
+                for archived, _counts in index.counted() for m in archived.messages if contains_phrase(m.text, phrase)]
+
+    items.extend(off_the_event_loop(archived_items))
     items.extend({"place": "record", "turn": line.turn or None, "text": line.text}
                  for line in state.record.lines if contains_phrase(line.text, phrase))
     items.extend({"place": "notes", "turn": None, "text": note} for note in state.notes if contains_phrase(note, phrase))
