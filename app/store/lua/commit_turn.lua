@@ -55,9 +55,13 @@ local out
 if n == 0 then out = '[' .. pair .. ']' else out = string.sub(raw, 1, -2) .. ',' .. pair .. ']' end
 version = redis.call('HINCRBY', KEYS[1], 'v', 1)
 redis.call('HSET', KEYS[1], 'messages', out)
--- The thread's creation stamp (the first turn's answer id, new for every turn): a thread that expired and began
--- again gets another, so no process serves the new conversation from a cache of the old one (app/store/archive.py).
-redis.call('HSETNX', KEYS[1], 'born', ARGV[4])
+-- The thread's creation stamp (the server's clock in microseconds and the first turn's answer id): a thread that
+-- expired and began again gets another, so no process serves the new conversation from a cache of the old one
+-- (app/store/archive.py).
+if redis.call('HEXISTS', KEYS[1], 'born') == 0 then
+  local now = redis.call('TIME')
+  redis.call('HSET', KEYS[1], 'born', now[1] .. '.' .. now[2] .. ':' .. ARGV[4])
+end
 local ttl = tonumber(ARGV[8])
 for i = 1, #KEYS do redis.call('EXPIRE', KEYS[i], ttl) end
 return {1, version, n + 2}
