@@ -2,7 +2,8 @@
 the memory domain's one tokenizer (``app.memory.words``), recall finds the archived turn that holds it, and a
 forget of that turn takes a model's gist line quoting it out of every later prompt and out of the export.
 
-Real Redis, the app served on loopback, the fake LLM recording every request (as tests/test_forget_api.py)."""
+Real Redis, the app served on loopback, the fake LLM recording every request (as tests/test_forget_api.py).  The
+words differ from test_forget_api's, whose proof scans every process cache for its word."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from tests.test_forget_api import everything_in_redis, fold_all, served  # noqa:
 
 # script: (the planted word, a person's message holding it, a model's gist line quoting it)
 PLANTED = {
-    "latin": ("zebrafinch", "My locker code is zebrafinch, keep it safe.", "Locker code: zebrafinch."),
+    "latin": ("quokkafern", "My locker code is quokkafern, keep it safe.", "Locker code: quokkafern."),
     "cyrillic": ("зебра", "Мой код от шкафчика — Зебра, сохрани его.", "Код шкафчика: зебра."),
     "greek": ("ζέβρα", "Ο κωδικός του ντουλαπιού μου είναι ζέβρα.", "Κωδικός ντουλαπιού: ζέβρα."),
     "arabic": ("زرافة", "رمز خزانتي هو زرافة، احفظه.", "رمز الخزانة: زَرافة."),

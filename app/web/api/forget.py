@@ -305,9 +305,9 @@ def forget_status():
     except redis.RedisError as exc:
         raise StoreUnavailable(type(exc).__name__) from exc
     try:
-        job = json.loads(raw) if raw else None
+        job = json.loads(raw or "null")
         turns, started = [int(t) for t in job["turns"]], int(job["startedAt"])
-    except (ValueError, TypeError, KeyError):
+    except (ValueError, TypeError, KeyError):  # none running (or not readable: said as none)
         return guarded_json({"running": False, "turns": [], "startedAt": None})
     return guarded_json({"running": True, "turns": turns, "startedAt": started})
 
