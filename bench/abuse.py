@@ -526,6 +526,7 @@ def forget_case() -> int:
             while json.loads(ws.recv())["type"] != "done":
                 pass
             ws.close()
+            assert owner.thread_id, "no session"
             size = seed_archive_at_limit(web.redis, owner.thread_id)
             stream_gaps(visitor, "warm up")  # the process's first-use work is not measured
             quiet, _, _ = stream_gaps(visitor, "a quiet stack")
