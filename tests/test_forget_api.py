@@ -346,3 +346,33 @@ def test_a_forgotten_word_reaches_no_prompt_response_key_or_cache(served, fake_l
         assert _caches_hold(WORD, tid, rig) == []
     finally:
         chat.close()
+
+
+def test_many_turns_are_forgotten_in_one_write_and_a_turn_already_forgotten_writes_nothing(served):
+    rig, server = served
+    http, tid = session(server)
+    seed_with_planted(rig, tid, turns=9)
+    fold_all(rig, tid)
+    before = rig.store.load(tid)
+    response = http.post(server.url + "/api/chat/forget", json={"turns": [5, 1, 3, 8]}, timeout=10)
+    assert response.status_code == 200
+    body = response.json()
+    assert [f["turn"] for f in body["forgotten"]] == [1, 3, 5, 8]
+    assert [f["archive"] or f["recent"] for f in body["forgotten"]] == [True, True, True, True]
+    after = rig.store.load(tid)
+    assert after.version == before.version + 1  # one script, one write, however many turns
+    assert (after.forgets, sorted(after.forgotten_turns)) == (before.forgets + 4, [1, 3, 5, 8])
+    assert sorted(e["forgottenTurn"] for e in history(rig.client, tid) if e.get("step") == "forget") == [1, 3, 5, 8]
+    assert WORD not in everything_in_redis(rig.client, tid).lower()
+
+    again = http.delete(server.url + "/api/chat/turns/3", timeout=10)
+    assert again.status_code == 200
+    assert again.json() == {"forgotten": {"turn": 3, "recent": False, "archive": False, "recordLines": 0, "notes": 0},
+                            "pinsQuoting": []}
+    assert http.post(server.url + "/api/chat/forget", json={"turns": [1, 8]}, timeout=10).status_code == 200
+    unchanged = rig.store.load(tid)
+    assert (unchanged.version, unchanged.gen, unchanged.forgets) == (after.version, after.gen, after.forgets)
+    assert len([e for e in history(rig.client, tid) if e.get("step") == "forget"]) == 4
+    mixed = http.post(server.url + "/api/chat/forget", json={"turns": [3, 6]}, timeout=10).json()["forgotten"]
+    assert [(f["turn"], f["recent"] or f["archive"]) for f in mixed] == [(3, False), (6, True)]
+    assert rig.store.load(tid).forgets == after.forgets + 1

@@ -42,7 +42,8 @@ def check_stored(client: redis.Redis, store: ThreadStore, thread_id: str, model:
     raw = client.hgetall(ThreadKeys(thread_id).state)
     if raw:
         # The hash as the store decodes it: absent summary/pins/notes fields mean empty.
-        assert set(raw) <= {"v", "gen", "clr", "messages", "summary", "pins", "notes", "lastCompactedAt"}, raw
+        assert set(raw) <= {"v", "gen", "clr", "messages", "summary", "pins", "notes", "lastCompactedAt",
+                            "born"}, raw
         data = {"messages": json.loads(raw["messages"]), "summary": raw.get("summary", ""),
                 "pins": json.loads(raw.get("pins") or "[]"), "notes": json.loads(raw.get("notes") or "[]")}
         if "lastCompactedAt" in raw:

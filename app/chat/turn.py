@@ -78,7 +78,7 @@ has no total-time limit, and no refinement of its thread may start while it stre
 
 STREAMING, COMMITTING, FINISHED = "streaming", "committing", "finished"
 T = TypeVar("T")
-REFUSALS = {"id_conflict": "message_id_reused", "full": "memory_full"}
+REFUSALS = {"id_conflict": "message_id_reused", "full": "memory_full", "forgotten": "turn_forgotten"}
 """The store's refusals of a commit (``CommitResult.refused``) as the done frame's ``reason``."""
 
 
@@ -96,7 +96,8 @@ class TurnOutcome:
         committed: True when memory was written.
         cleared: True when nothing was written because the thread was cleared after the turn started.
         unsaved_reason: why a turn that ended ``completed`` or ``blocked`` was not written
-            (``thread_cleared``, ``store_unavailable``, ``rejected``, ``message_id_reused``, ``memory_full``;
+            (``thread_cleared``, ``turn_forgotten``, ``store_unavailable``, ``rejected``, ``message_id_reused``,
+            ``memory_full``;
             the done frame's ``reason``), or None.
         error_code: the contract error code of a failed turn.
         saved_unknown: True when the commit's reply was lost and reading back failed too: the turn may be
@@ -149,6 +150,7 @@ class Turn(TurnIO):
         self.cancelled = CancelEvent()  # setting it also shuts the upstream connection down
         self.state = ThreadState()
         self.cleared_seen: int | None = None  # the clear counter read by prepare(); None: not known
+        self.forgets_seen: int | None = None  # the forget counter read by prepare() (a forget is final too)
         self.context: AssembledContext  # set by prepare() (a producer reads it after)
         self._lock = threading.Lock()
         self._phase = STREAMING
@@ -261,7 +263,7 @@ class Turn(TurnIO):
             CorruptState: the stored thread cannot be read; the turn must not run (nothing it wrote
                 could be kept).  The socket answers ``memory_unreadable``; a clear repairs the thread.
         """
-        self.cleared_seen = None
+        self.cleared_seen = self.forgets_seen = None
         self.archive = None
         try:
             settings = self.services.settings
@@ -270,7 +272,7 @@ class Turn(TurnIO):
                 state, self.archive = load_turn_memory(self.services.store, self.thread_id, run=off_the_event_loop)
             else:
                 state = self.services.store.load(self.thread_id)
-            self.cleared_seen = state.cleared
+            self.cleared_seen, self.forgets_seen = state.cleared, state.forgets
             return state
         except StoreUnavailable as exc:
             log.warning("turn on %s uses empty memory: %s", self.thread_id[:13], type(exc).__name__)
@@ -396,7 +398,8 @@ class Turn(TurnIO):
         try:
             commit = store.commit_final_turn(self.thread_id, FinalTurn(
                 user_text, result.text, result.status, result.source,
-                user_id=self.user_id, assistant_id=self.message_id), expected_cleared=self.cleared_seen)
+                user_id=self.user_id, assistant_id=self.message_id), expected_cleared=self.cleared_seen,
+                expected_forgets=self.forgets_seen)
         except TurnRejected as exc:
             log.warning("turn on %s not written: %s", self.thread_id[:13], exc.reason)
             self.outcome.unsaved_reason = "rejected"

@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 import unicodedata
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Collection, Iterable, Sequence
 
 from app.memory.words import tokens as tokenize
 from app.memory.record import Record, RecordLine
@@ -35,15 +35,19 @@ from app.memory.state import ThreadState
 _ID_PARTS_RE = re.compile(r"[-_./:#@]")
 
 
-def _words(text: str) -> list[str]:
-    """``tokenize(text)`` with the parts of each identifier too (``zebra-4471`` also gives ``zebra``, ``4471``)."""
+def with_parts(tokens: Iterable[str]) -> list[str]:
+    """``tokens`` with the parts of each identifier too (``zebra-4471`` also gives ``zebra``, ``4471``)."""
     out = []
-    for token in tokenize(text):
+    for token in tokens:
         out.append(token)
-        parts = _ID_PARTS_RE.split(token)
-        if len(parts) > 1:
-            out.extend(p for p in parts if len(p) > 1)
+        if any(c in token for c in "-_./:#@"):
+            out.extend(p for p in _ID_PARTS_RE.split(token) if len(p) > 1)
     return out
+
+
+def _words(text: str) -> list[str]:
+    """``tokenize(text)`` with the parts of each identifier too (``with_parts``)."""
+    return with_parts(tokenize(text))
 
 
 QUOTE_SHARE = 0.5
@@ -73,8 +77,16 @@ class Quoting:
     @classmethod
     def of(cls, forgotten: Iterable[str], kept: Iterable[str]) -> "Quoting":
         """From the forgotten turn's texts and every other text memory keeps (recent and archived turns)."""
-        tokens = frozenset(t for text in forgotten for t in _words(text))
-        others = frozenset(t for text in kept for t in _words(text))
+        return cls.of_tokens((_words(text) for text in forgotten), (_words(text) for text in kept))
+
+    @classmethod
+    def of_tokens(cls, forgotten: Iterable[Iterable[str]], kept: Iterable[Iterable[str]]) -> "Quoting":
+        """From the tokens (``words.tokens``) of the forgotten turns' texts and of every other text memory keeps,
+        e.g. an archive index's term counts (no text is tokenised again); identifier parts are added here."""
+        tokens = frozenset(t for group in forgotten for t in with_parts(group))
+        others: set[str] = set()
+        for group in kept:
+            others.update(t for t in with_parts(group) if t in tokens)
         return cls(tokens, tokens - others)
 
     def quotes(self, text: str) -> bool:
@@ -89,11 +101,11 @@ class Quoting:
 
 @dataclass(frozen=True)
 class ForgetPlan:
-    """What forgetting turn ``turn`` writes.
+    """What forgetting turns ``turns`` writes.
 
     Attributes:
-        turn: the turn number.
-        message_ids: ids of the turn's messages among the recent ones (the script removes them).
+        turn: the first turn number.
+        message_ids: ids of the turns' messages among the recent ones (the script removes them).
         record: the record without the turn's lines, or None when no line changes.
         notes: the notes as they are to be stored.
         record_lines: how many record lines go.
@@ -108,6 +120,7 @@ class ForgetPlan:
     record_lines: int
     notes_removed: int
     pins_quoting: tuple[int, ...]
+    turns: tuple[int, ...] = ()
 
 
 def recent_turn(state: ThreadState, turn: int):
@@ -115,32 +128,38 @@ def recent_turn(state: ThreadState, turn: int):
     return tuple(m for msgs, n in zip(state.turns(), state.turn_numbers()) for m in msgs if n == turn)
 
 
-def _line_goes(line: RecordLine, turn: int, quoting: Quoting, phrase: str | None) -> bool:
-    if line.turn == turn:
+def _line_goes(line: RecordLine, turns: Collection[int], quoting: Quoting, phrase: str | None) -> bool:
+    if line.turn in turns:
         return True
     if line.turn:
         return False
     return quoting.quotes(line.text) or (phrase is not None and contains_phrase(line.text, phrase))
 
 
-def plan_forget(state: ThreadState, turn: int, *, forgotten: Sequence[str], kept: Iterable[str],
-                phrase: str | None = None) -> ForgetPlan:
-    """What forgetting ``turn`` changes (module docstring).
+def plan_forget(state: ThreadState, turn: int | Collection[int], *, forgotten: Sequence[str] = (),
+                kept: Iterable[str] = (), quoting: Quoting | None = None, phrase: str | None = None) -> ForgetPlan:
+    """What forgetting ``turn`` (one number, or several forgotten together) changes (module docstring).
+
+    Linear in what memory keeps, once, whatever the number of turns: every text is read once (``quoting``
+    given: not at all), every record line, note and pin is compared once.
 
     Args:
         state: the thread as read (its ``gen`` is what the script compares).
-        turn: the turn number (1-based, as record lines and archive scores count).
-        forgotten: the turn's texts (person message and answers), from the recent messages or the archive.
+        turn: the turn number, or the turn numbers (1-based, as record lines and archive scores count).
+        forgotten: the turns' texts (person messages and answers), from the recent messages or the archive.
         kept: every other text of the recent and archived turns.
+        quoting: instead of ``forgotten`` and ``kept``, their tokens already compared (``Quoting.of_tokens``).
         phrase: with a forget by phrase, the phrase (notes and unnumbered lines holding it go too).
     """
-    quoting = Quoting.of(forgotten, kept)
-    ids = tuple(m.id for m in recent_turn(state, turn))
+    turns = frozenset((turn,) if isinstance(turn, int) else turn)
+    if quoting is None:
+        quoting = Quoting.of(forgotten, kept)
+    ids = tuple(m.id for msgs, n in zip(state.turns(), state.turn_numbers()) if n in turns for m in msgs)
     lines, dropped = [], 0
     for line in state.record.lines:
-        if _line_goes(line, turn, quoting, phrase):
+        if _line_goes(line, turns, quoting, phrase):
             dropped += 1
-        elif line.replaced_by == turn:
+        elif line.replaced_by in turns:
             lines.append(RecordLine(line.kind, line.text, line.turn, 0))
         else:
             lines.append(line)
@@ -151,4 +170,6 @@ def plan_forget(state: ThreadState, turn: int, *, forgotten: Sequence[str], kept
                   if not (quoting.quotes(n) or (phrase is not None and contains_phrase(n, phrase))))
     pins = tuple(i for i, pin in enumerate(state.pins, 1)
                  if quoting.quotes(pin.text) or (phrase is not None and contains_phrase(pin.text, phrase)))
-    return ForgetPlan(turn, ids, record, notes, dropped, len(state.notes) - len(notes), pins)
+    ordered = tuple(sorted(turns))
+    return ForgetPlan(ordered[0] if ordered else 0, ids, record, notes, dropped, len(state.notes) - len(notes),
+                      pins, ordered)

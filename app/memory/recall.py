@@ -33,7 +33,7 @@ import sys
 import threading
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Collection, Iterable, Sequence
 
 from rank_bm25 import BM25Plus
 
@@ -147,6 +147,8 @@ class ArchiveIndex:
         cleared: the thread's clear counter when the index was built (a clear starts a new index).
         forgets: the thread's forget counter when the index was built (``ThreadState.forgets``: a forget starts a
             new index, so a forgotten turn never comes back from a process's cache).
+        born: the thread's creation stamp when the index was built (the store's ``born``: a thread that expired
+            and began again has another, so a new conversation never reads an old one's archive).
         nbytes: about the bytes the index holds (its turns' texts and term counts; ``_turn_bytes``), kept
             as turns come and go, so a cache of indexes is bounded in bytes at O(1) a read.
     """
@@ -154,6 +156,7 @@ class ArchiveIndex:
     turns: list[ArchivedTurn] = field(default_factory=list)
     cleared: int = 0
     forgets: int = 0
+    born: str = ""
     _freqs: list[dict] = field(default_factory=list, repr=False)
     _lens: list[int] = field(default_factory=list, repr=False)
     _sizes: list[int] = field(default_factory=list, repr=False)
@@ -200,6 +203,28 @@ class ArchiveIndex:
                 self._nd[token] = self._nd.get(token, 0) + 1
                 self._postings.setdefault(token, deque()).append(position)
             self._scorer = None
+
+    def counted(self) -> list[tuple[ArchivedTurn, dict]]:
+        """``(turn, {token: count})`` of every turn held, oldest first (the counts are the index's own: read only)."""
+        with self._lock:
+            return list(zip(self.turns, self._freqs))
+
+    def without(self, numbers: Collection[int], *, forgets: int) -> "ArchiveIndex":
+        """A new index of the turns held except those numbered in ``numbers``, valid for ``forgets`` (the forget
+        counter after they were forgotten); nothing is tokenised again (linear in the index's term counts)."""
+        out = ArchiveIndex(cleared=self.cleared, forgets=forgets, born=self.born)
+        with self._lock:
+            kept = [(t, c) for t, c in zip(self.turns, self._freqs) if t.number not in numbers]
+        for position, (turn, counts) in enumerate(kept):
+            out.turns.append(turn)
+            out._freqs.append(counts)
+            out._sizes.append(_turn_bytes(turn, counts))
+            out._lens.append(sum(counts.values()))
+            for token in counts:
+                out._nd[token] = out._nd.get(token, 0) + 1
+                out._postings.setdefault(token, deque()).append(position)
+        out.nbytes = sum(out._sizes)
+        return out
 
     def drop_before(self, number: int) -> None:
         """Forget the turns numbered below ``number`` (the archive let them go, oldest first)."""

@@ -12,9 +12,11 @@ thread's keys, so one node on a cluster, without MULTI).  Each process keeps the
 tokenised archives of its most recently used threads (``ArchiveIndex``) within
 ``ARCHIVE_CACHE_MAX_BYTES`` bytes (each index's ``nbytes``; least recently used out; an
 index larger than the whole bound is used for its turn and not kept), so a turn reads and
-tokenises only the turns folded since its last read.  A copy is valid for the thread's clear counter and forget
-counter (``ThreadState.cleared``, ``ThreadState.forgets``): after a clear or a forget every process builds a new one
-from the archive, so a forgotten turn never comes back from a cache.  The tokenising may run elsewhere than
+tokenises only the turns folded since its last read.  A copy is valid for the thread's creation stamp (the hash's
+``born``, set by its first commit), clear counter and forget counter (``ThreadState.cleared``,
+``ThreadState.forgets``): after a clear, a forget or the thread's expiry every process builds a new one from the
+archive, so a forgotten turn never comes back from a cache and a new conversation is never served an old one's
+archive.  ``drop_thread`` is the one place that drops a thread from every cache of this process.  The tokenising may run elsewhere than
 the caller's greenlet (``load_turn_memory``'s ``run``): the reads stay with the caller.  A second
 round trip happens only when that copy cannot be brought up to date from the answer
 (the thread was cleared and compacted again, or expired and came back).
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Callable
+from typing import Callable, Iterable
 
 import redis
 
@@ -76,6 +78,25 @@ def forget(thread_id: str | None = None) -> None:
         _cache.pop(thread_id)
 
 
+def drop_thread(thread_id: str, texts: Iterable[str] = (), *, keep: ArchiveIndex | None = None) -> None:
+    """Drop what this process keeps of one thread (after a forget): its archive index (replaced by ``keep``, an
+    index valid for the thread as it is now, when given), the parsed messages holding ``texts``, parsed records and
+    notes, split sentences and facts (each rebuilt on its next use).  The one place every such cache is named."""
+    from app.memory.compaction import facts, record
+    from app.store import thread_store
+
+    if keep is None:
+        _cache.pop(thread_id)
+    else:
+        _remember(thread_id, keep)
+    gone = set(texts)
+    if gone:
+        thread_store._checked_message_values.cache.discard_where(lambda key: len(key) > 2 and key[2] in gone)
+    thread_store._checked_meta.cache_clear()
+    facts._cache.clear()
+    record._split_cache.clear()
+
+
 def set_cache_bytes(max_bytes: int) -> None:
     """Bound this process's cache of tokenised archives to ``max_bytes`` bytes (``ARCHIVE_CACHE_MAX_BYTES``)."""
     _cache.resize(max_bytes)
@@ -119,9 +140,10 @@ def load_turn_memory(store: ThreadStore, thread_id: str, *,
         pipe.zrange(keys.archive, 0, 0, withscores=True)
         raw, members, count, oldest = pipe.execute()
         state = store.parse(raw)
-        if index is None or (index.cleared, index.forgets) != (state.cleared, state.forgets):
+        born = raw.get("born") or ""
+        if index is None or (index.born, index.cleared, index.forgets) != (born, state.cleared, state.forgets):
             stale_since = since != "-inf"
-            index = ArchiveIndex(cleared=state.cleared, forgets=state.forgets)
+            index = ArchiveIndex(cleared=state.cleared, forgets=state.forgets, born=born)
             if stale_since and count:
                 members = store.redis.zrange(keys.archive, 0, -1)  # a clear and new folds since: read all
         if members:
@@ -130,7 +152,7 @@ def load_turn_memory(store: ThreadStore, thread_id: str, *,
         if oldest:
             index.drop_before(int(oldest[0][1]))
         if len(index) != int(count):  # the archive expired and came back, or a member was unreadable
-            index = ArchiveIndex(cleared=state.cleared, forgets=state.forgets)
+            index = ArchiveIndex(cleared=state.cleared, forgets=state.forgets, born=born)
             everything = store.redis.zrange(keys.archive, 0, -1)
             run(lambda: index.add(_turns(everything)))
     except UnicodeDecodeError:
@@ -168,7 +190,7 @@ def archived_turn(store: ThreadStore, thread_id: str, turn: int) -> ArchivedTurn
 
 
 def all_archived_turns(store: ThreadStore, thread_id: str) -> list[ArchivedTurn]:
-    """Every archived turn of the thread, oldest first (one ZRANGE; export and forget read it).
+    """Every archived turn of the thread, oldest first (one ZRANGE; the export reads it).
 
     Raises:
         StoreUnavailable: Redis failed.

@@ -6,8 +6,9 @@ or script of the project names keys of two threads, and nothing scans the keyspa
 
 | key | type | holds |
 | --- | --- | --- |
-| ``mem:{hex}`` | hash | ``v``, ``gen``, ``clr`` (times cleared), ``messages`` (JSON), ``summary`` (the record, JSON ``{"fmt": 2, …}``: ``app.memory.record``; text when an earlier version wrote it), ``pins`` (JSON), ``notes`` (JSON), ``lastCompactedAt``, ``ft`` (person turns folded so far), ``ab`` (archive bytes), ``rf`` (turns refined by the model so far), ``uf`` (folds since the last refinement), ``fg`` (turns forgotten so far), ``fgt`` (JSON array of the forgotten turns' numbers) |
+| ``mem:{hex}`` | hash | ``v``, ``gen``, ``clr`` (times cleared), ``messages`` (JSON), ``summary`` (the record, JSON ``{"fmt": 2, …}``: ``app.memory.record``; text when an earlier version wrote it), ``pins`` (JSON), ``notes`` (JSON), ``lastCompactedAt``, ``ft`` (person turns folded so far), ``ab`` (archive bytes), ``rf`` (turns refined by the model so far), ``uf`` (folds since the last refinement), ``fg`` (turns forgotten so far), ``fgt`` (JSON array of the forgotten turns' numbers), ``born`` (creation stamp: the server's clock and the first turn's answer id; every process cache of the thread is valid for it) |
 | ``mem:{hex}:archive`` | sorted set, capped | every folded turn, scored by its turn number: ``{"n", "m": [messages]}`` (``app.store.archive``) |
+| ``mem:{hex}:forgetting`` | string, TTL 120 s | the forget job running now: ``{"turns": [numbers], "startedAt": ms}``, deleted when it ends (``app.web.api.forget``) |
 | ``mem:{hex}:compacting`` | string, NX + EX | the one pending compaction (the version it saw); a short expiry while queued, held while its task runs |
 | ``mem:{hex}:refining`` | string, NX + EX | the one pending refinement (the model's part of a compaction; the token it was asked with) |
 | ``mem:{hex}:active`` | string, EX | ``streaming`` while a turn of the thread streams, then ``idle`` for ``COMPACTION_IDLE_SECONDS`` |
@@ -114,6 +115,12 @@ class ThreadKeys:
     def archive(self) -> str:
         """The archive of folded turns (a sorted set scored by turn number; README: Recall)."""
         return f"mem:{self.tag}:archive"
+
+    @property
+    def forgetting(self) -> str:
+        """The forget job running now, if any (JSON ``{"turns", "startedAt"}``, a short TTL; turn numbers only;
+        ``GET /api/chat/forget/status``)."""
+        return f"mem:{self.tag}:forgetting"
 
     def run(self, run_id: str) -> str:
         """Runtime state of one tool/agent/workflow run (never memory)."""

@@ -73,7 +73,8 @@ class CommitResult:
         message_count: messages stored after the call.
         messages: the two messages appended (also set for a duplicate).
         refused: why nothing was written, or None (a duplicate is no refusal): ``cleared`` (the
-            thread was cleared after the turn started), ``id_conflict`` (the user message id is
+            thread was cleared after the turn started), ``forgotten`` (a turn of the thread was forgotten
+            after the turn started: docs/contract.md, Forget and provenance), ``id_conflict`` (the user message id is
             stored with a different text), ``full`` (the pair would pass the hard cap on stored
             messages; ``lua/commit_turn.lua``).
         settled: True when the reply was lost and the outcome was read back.
@@ -112,12 +113,13 @@ class CompactionCommit:
 @dataclass(frozen=True)
 class ForgetCommit:
     """Outcome of ``ThreadStore.forget_turn``: ``applied`` False when the generation moved on (nothing written);
-    else how many recent messages and archive members (turns) were removed."""
+    else how many recent messages and archive members (turns) were removed, and the forget counter after."""
 
     applied: bool
     version: int = 0
     recent_removed: int = 0
     archive_removed: int = 0
+    forgets: int = 0
     settled: bool = False
     """True when the reply was lost and the outcome was read back (``archive_removed`` is then not known: 0)."""
 
@@ -382,12 +384,15 @@ class ThreadStore:
 
     @_guard
     def commit_messages(self, thread_id: str, user: ThreadMessage, assistant: ThreadMessage,
-                        *, dedupe_by_text: bool, expected_cleared: int | None = None) -> CommitResult:
+                        *, dedupe_by_text: bool, expected_cleared: int | None = None,
+                        expected_forgets: int | None = None) -> CommitResult:
         """Append one turn atomically unless it is a duplicate or refused (one Lua call, one round trip).
 
         ``expected_cleared`` is the thread's clear counter (``ThreadState.cleared``) when the turn
         started; when the thread was cleared since, nothing is written and the result says
-        ``cleared``.  None skips that check.  A user message id stored with another text is refused
+        ``cleared``.  None skips that check.  Likewise ``expected_forgets`` (``ThreadState.forgets`` when the turn
+        started): when a turn was forgotten since, nothing is written (``forgotten``).  A user message id stored
+        with another text is refused
         (``id_conflict``); a pair that would pass the hard cap on stored messages
         (``policy.hard_cap_messages``) is refused (``full``).  A lost reply is settled by reading back.
 
@@ -401,7 +406,8 @@ class ThreadStore:
                 self._commit, keys.ttl_keys(),
                 [_dumps(user.to_dict()), _dumps(assistant.to_dict()), user.id, assistant.id,
                  user.text, assistant.text, "1" if dedupe_by_text else "0", self.ttl,
-                 "" if expected_cleared is None else str(expected_cleared), hard_cap_messages(self.limits)],
+                 "" if expected_cleared is None else str(expected_cleared), hard_cap_messages(self.limits),
+                 "" if expected_forgets is None else str(expected_forgets)],
             )
         except Unsettled as exc:
             return self._settle_commit(thread_id, user, assistant, exc)
@@ -428,12 +434,14 @@ class ThreadStore:
         self._report_error("commit_messages")
         raise StoreUnavailable(f"lost reply settled by reading back: not written ({lost})")
 
-    def commit_final_turn(self, thread_id: str, turn: FinalTurn, *, expected_cleared: int | None = None) -> CommitResult:
+    def commit_final_turn(self, thread_id: str, turn: FinalTurn, *, expected_cleared: int | None = None,
+                          expected_forgets: int | None = None) -> CommitResult:
         """Write a finished turn through the final-turn adapter.
 
         A turn without ids is deduplicated by text against the last stored pair.  With
         ``expected_cleared`` (the clear counter read when the turn started), a turn whose thread
-        was cleared meanwhile writes nothing (``CommitResult.cleared``).
+        was cleared meanwhile writes nothing (``CommitResult.cleared``); with ``expected_forgets`` (the forget
+        counter read then), a turn of a thread where a turn was forgotten meanwhile writes nothing (``forgotten``).
 
         Raises:
             TurnRejected: the turn is not written (status, source or text; README: The boundary).
@@ -442,7 +450,7 @@ class ThreadStore:
         user, assistant = prepare_final_turn(turn, delivery_max_chars=self.limits.delivery_final_max_chars)
         by_text = turn.user_id is None and turn.assistant_id is None
         return self.commit_messages(thread_id, user, assistant, dedupe_by_text=by_text,
-                                    expected_cleared=expected_cleared)
+                                    expected_cleared=expected_cleared, expected_forgets=expected_forgets)
 
     @_guard
     def clear(self, thread_id: str) -> int:
@@ -538,17 +546,18 @@ class ThreadStore:
         return CompactionCommit(Outcome.STALE, detail=reason_of(str(result[1])))
 
     @_guard
-    def forget_turn(self, thread_id: str, *, expected_gen: int, turn: int, message_ids: list[str],
-                    record: Record | None, notes: list[str], entry: dict, max_entries: int,
+    def forget_turn(self, thread_id: str, *, expected_gen: int, turns: Sequence[int], message_ids: list[str],
+                    record: Record | None, notes: list[str], entries: Sequence[dict], max_entries: int,
                     turn_message_ids: Sequence[str] = ()) -> ForgetCommit:
-        """Forget turn ``turn`` in one script (``lua/forget_turn.lua``) when the generation is still
-        ``expected_gen``: remove the messages ``message_ids`` and the turn's archive member, write ``record``
-        (None: unchanged) and ``notes``, add ``turn`` to the forgotten turns, move ``fg``, ``gen`` and ``v`` on,
-        and push ``entry`` (numbers and categories only) on the history capped at ``max_entries``; the feedback on
-        ``turn_message_ids`` (every message of the turn, recent or archived) goes too.
+        """Forget ``turns`` in one script (``lua/forget_turn.lua``, one write however many turns) when the
+        generation is still ``expected_gen``: remove the messages ``message_ids`` and the turns' archive members,
+        write ``record`` (None: unchanged) and ``notes``, add ``turns`` to the forgotten turns, move ``fg`` on by the
+        turns new there, ``gen`` and ``v`` by one, and push ``entries`` (numbers and categories only; one a turn)
+        on the history capped at ``max_entries``; the feedback on ``turn_message_ids`` (every message of the turns,
+        recent or archived) goes too.
 
-        A lost reply is settled by reading back (``_settle_forget``): applied when ``turn`` is among the
-        forgotten turns (``fgt``) and the generation moved on; else not applied (the caller reads the thread
+        A lost reply is settled by reading back (``_settle_forget``): applied when every one of ``turns`` is among
+        the forgotten turns (``fgt``) and the generation moved on; else not applied (the caller reads the thread
         again; a forget is idempotent).
 
         Raises:
@@ -558,15 +567,15 @@ class ThreadStore:
         keys = ThreadKeys(thread_id)
         try:
             result = self._write(self._forget, keys.ttl_keys(),
-                                 [str(expected_gen), int(turn), _dumps(list(message_ids)),
+                                 [str(expected_gen), _dumps([int(t) for t in turns]), _dumps(list(message_ids)),
                                   "0" if record is None else "1", "" if record is None else record.to_stored(),
-                                  _dumps(list(notes)), json.dumps(entry, separators=(",", ":")), int(max_entries),
-                                  self.ttl, _dumps(list(turn_message_ids))])
+                                  _dumps(list(notes)), _dumps([json.dumps(e, separators=(",", ":")) for e in entries]),
+                                  int(max_entries), self.ttl, _dumps(list(turn_message_ids))])
         except Unsettled as exc:
-            return self._settle_forget(thread_id, expected_gen, [turn], len(message_ids), exc)
+            return self._settle_forget(thread_id, expected_gen, list(turns), len(message_ids), exc)
         if not int(result[0]):
             return ForgetCommit(False)
-        return ForgetCommit(True, int(result[1]), int(result[2]), int(result[3]))
+        return ForgetCommit(True, int(result[1]), int(result[2]), int(result[3]), int(result[4]))
 
     def _settle_forget(self, thread_id: str, expected_gen: int, turns: Sequence[int], recent: int,
                        lost: Unsettled) -> ForgetCommit:

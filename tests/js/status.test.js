@@ -32,6 +32,7 @@ test("saved: false gives its reason, or unknown; otherwise nothing is unsaved", 
 test("labels of answers not kept", () => {
   assert.equal(unsavedLabel("thread_cleared"), "not saved (new chat started)");
   assert.equal(unsavedLabel("store_unavailable"), "not saved (memory unavailable)");
+  assert.equal(unsavedLabel("turn_forgotten"), "not saved (a turn was forgotten meanwhile)");
   assert.equal(unsavedLabel("rejected"), "not saved");
   assert.equal(unkeptLabel("cancelled"), "stopped — not saved to memory");
   assert.equal(unkeptLabel("interrupted"), "interrupted — not saved");

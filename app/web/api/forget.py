@@ -5,18 +5,22 @@ Turn numbers are those of record lines and archive scores: the n-th person turn 
 number is 1-6 ASCII digits, else 404.  Every answer is about the session's own thread (the id comes from the
 cookie); a turn the thread never had answers 404 ``not_found``.
 
-Forgetting a turn (``forget_turn``) reads the thread and the archive, computes the new record and notes in
-pure Python (``app.memory.forget.plan_forget``) and writes it all with one compare-and-set script
-(``ThreadStore.forget_turn``: recent messages, archive member, record lines, notes, the forgotten-turn set,
-the forget counter, the generation, a history entry), retried a few times on a stale generation.  Then this
-process drops its own copies (the archive index, parsed messages and records, split sentences and facts);
-other processes' archive indexes are keyed by the forget counter, their token counts by a digest of the text,
-and the bundled model's slot file of the thread is deleted (``drop_thread_cache``).  Refusals are ``ApiError``
-answers (400, 404, 409; 503 with the store down).
+Forgetting turns (``_forget_turns``; ``DELETE`` one, ``POST`` up to 50 together) is one job, whatever the number
+of turns: one read of the thread and its tokenised archive (``load_turn_memory``: this process's index, brought up
+to date), one plan in pure Python (``app.memory.forget.plan_forget``: the archive compared by the index's term
+counts, linear in it once), one compare-and-set script (``ThreadStore.forget_turn``: recent messages, archive
+members, record lines, notes, the forgotten-turn set, the forget counter, the generation, history entries),
+retried a few times on a stale generation.  The CPU part runs off the event loop (``off_the_event_loop``: a real
+thread under gevent).  A turn already forgotten is a no-op.  Then every process cache of the thread is dropped in
+one place (``archive_store.drop_thread``; this process keeps the index without the forgotten turns); other
+processes' archive indexes are keyed by the forget counter and the thread's creation stamp, their token counts by a
+digest of the text, and the bundled model's slot file of the thread is deleted (``drop_thread_cache``).  Refusals
+are ``ApiError`` answers (400, 404, 409; 503 with the store down).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 
@@ -28,10 +32,13 @@ from app.chat.events import forget_frame
 from app.extensions import services
 from app.identity import current_thread_id
 from app.llm.cache_key import drop_thread_cache
-from app.memory.forget import contains_phrase, plan_forget
+from app.chat.turn import off_the_event_loop
+from app.memory.forget import PHRASE_MAX_CHARS, Quoting, contains_phrase, plan_forget
 from app.memory.state import utc_now_iso
 from app.observability import accounting
 from app.store import archive as archive_store
+from app.store.archive import load_turn_memory
+from app.store.keys import ThreadKeys
 from app.store.thread_store import CorruptState, OutcomeUnknown, StoreUnavailable
 from app.web.api.pins import ITEM_NUMBER_RE
 from app.web.bodies import BAD_PHRASE, PHRASE_QUERY, forget_body, load_body, load_query
@@ -41,6 +48,8 @@ log = logging.getLogger(__name__)
 bp = Blueprint("forget", __name__)
 
 FORGET_ATTEMPTS = 5
+STATUS_TTL_SECONDS = 120
+"""Life of a forget job's status key (``ThreadKeys.forgetting``) should the process die before deleting it."""
 POST_MAX_TURNS = 50
 """Most turns one ``POST /api/chat/forget`` forgets."""
 HISTORY_MAX = 50
@@ -109,8 +118,68 @@ def get_turn(n: str):
     return guarded_json({"turn": turn, "where": where, "reason": reason, "messages": messages})
 
 
-def _forget_one(thread_id: str, turn: int, phrase: str | None = None) -> tuple[dict, list[int]]:
-    """Forget ``turn`` (module docstring); ``({"turn", "recent", "archive", "recordLines", "notes"}, pinsQuoting)``.
+def _entry(turn: int, *, recent: bool = False, archive: bool = False, record_lines: int = 0, notes: int = 0) -> dict:
+    return {"turn": turn, "recent": recent, "archive": archive, "recordLines": record_lines, "notes": notes}
+
+
+def _plan(state, index, turns: frozenset[int], phrase: str | None):
+    """``(plan, forgotten texts, every message id of the turns, archived numbers among turns)``: CPU only, no store
+    call (run off the event loop).  Linear in what memory keeps, once: the archive's turns are compared by the
+    index's term counts (already tokenised), only the recent turns' texts are tokenised."""
+    from app.memory.words import tokens
+
+    forgotten_tokens: list = []
+    kept_tokens: list = []
+    texts: list[str] = []
+    ids: list[str] = []
+    for messages, number in zip(state.turns(), state.turn_numbers()):
+        if number in turns:
+            texts.extend(m.text for m in messages)
+            ids.extend(m.id for m in messages)
+            forgotten_tokens.extend(tokens(m.text) for m in messages)
+        else:
+            kept_tokens.extend(tokens(m.text) for m in messages)
+    archived = set()
+    for turn, counts in index.counted():
+        if turn.number in turns:
+            archived.add(turn.number)
+            texts.extend(m.text for m in turn.messages)
+            ids.extend(m.id for m in turn.messages)
+            forgotten_tokens.append(counts)
+        else:
+            kept_tokens.append(counts)
+    quoting = Quoting.of_tokens(forgotten_tokens, kept_tokens)
+    return plan_forget(state, turns, quoting=quoting, phrase=phrase), texts, ids, archived
+
+
+def _job_status(thread_id: str, turns: list[int] | None) -> None:
+    """Say that a forget job of ``turns`` runs now for the thread (None: that it ended); advisory, never raises."""
+    key = ThreadKeys(thread_id).forgetting
+    try:
+        if turns is None:
+            services().store.redis.delete(key)
+        else:
+            services().store.redis.set(key, json.dumps({"turns": turns, "startedAt": int(time.time() * 1000)}),
+                                       ex=STATUS_TTL_SECONDS)
+    except redis.RedisError as exc:
+        log.warning("forget status of %s not written: %s", thread_id[:13], type(exc).__name__)
+
+
+def _forget_turns(thread_id: str, turns: list[int], phrase: str | None = None) -> tuple[list[dict], list[int]]:
+    """``_forget_job`` with its status (``GET /api/chat/forget/status``) said while it runs."""
+    _job_status(thread_id, turns)
+    try:
+        return _forget_job(thread_id, turns, phrase)
+    finally:
+        _job_status(thread_id, None)
+
+
+def _forget_job(thread_id: str, turns: list[int], phrase: str | None = None) -> tuple[list[dict], list[int]]:
+    """Forget ``turns`` together (module docstring): one read of the thread and its archive index, one plan, one
+    script, however many turns; ``([{"turn", "recent", "archive", "recordLines", "notes"}, ...], pinsQuoting)``
+    in the order of ``turns``.  A turn already forgotten answers with nothing removed and writes nothing (a
+    request of such turns only makes no write at all).  With several turns, the notes and unnumbered record lines
+    quoting any of them are counted on the first turn forgotten now.
 
     Raises:
         ApiError: 404 ``not_found`` (the thread has no such turn), 409 ``conflict`` after ``FORGET_ATTEMPTS``
@@ -119,36 +188,38 @@ def _forget_one(thread_id: str, turn: int, phrase: str | None = None) -> tuple[d
     """
     svc = services()
     for _attempt in range(FORGET_ATTEMPTS):
-        state = svc.store.load(thread_id)
-        _turn_number(str(turn), state)
-        archived = archive_store.all_archived_turns(svc.store, thread_id) if state.folded_turns else []
-        numbers = state.turn_numbers()
-        forgotten_texts: list[str] = []
-        kept: list[str] = []
-        ids: list[str] = []
-        for messages, number in [*zip(state.turns(), numbers), *((t.messages, t.number) for t in archived)]:
-            if number == turn:
-                forgotten_texts.extend(m.text for m in messages)
-                ids.extend(m.id for m in messages)
-            else:
-                kept.extend(m.text for m in messages)
-        plan = plan_forget(state, turn, forgotten=forgotten_texts, kept=kept, phrase=phrase)
-        entry = {"at": int(time.time() * 1000), "outcome": "applied", "reason": "forgotten", "step": "forget",
-                 "forgottenTurn": turn}
-        committed = svc.store.forget_turn(thread_id, expected_gen=state.gen, turn=turn,
+        state, index = load_turn_memory(svc.store, thread_id, run=off_the_event_loop)
+        for turn in turns:
+            _turn_number(str(turn), state)
+        new = frozenset(t for t in turns if t not in state.forgotten_turns)
+        if not new:
+            return [_entry(t) for t in turns], []
+        plan, texts, ids, archived = off_the_event_loop(lambda: _plan(state, index, new, phrase))
+        recent = {n for n in state.turn_numbers() if n in new}
+        now = int(time.time() * 1000)
+        entries = [{"at": now, "outcome": "applied", "reason": "forgotten", "step": "forget", "forgottenTurn": t}
+                   for t in sorted(new)]
+        committed = svc.store.forget_turn(thread_id, expected_gen=state.gen, turns=sorted(new),
                                           message_ids=list(plan.message_ids), record=plan.record,
-                                          notes=list(plan.notes), entry=entry, max_entries=HISTORY_MAX,
+                                          notes=list(plan.notes), entries=entries, max_entries=HISTORY_MAX,
                                           turn_message_ids=ids)
         if committed.applied:
-            _drop_process_copies(thread_id, forgotten_texts)
+            # a reply settled by reading back does not know the new forget counter: rebuild the index on next use
+            kept = None if committed.settled else off_the_event_loop(
+                lambda: index.without(new, forgets=committed.forgets))
+            archive_store.drop_thread(thread_id, texts, keep=kept)
             drop_thread_cache(svc.settings, thread_id)
-            _tell_every_tab(thread_id, [turn], ids)
-            log.info("turn forgotten in %s: %d recent messages, %d archived, %d record lines, %d notes",
-                     thread_id[:13], committed.recent_removed, committed.archive_removed, plan.record_lines,
-                     plan.notes_removed)
-            in_archive = committed.archive_removed > 0 or (committed.settled and any(t.number == turn for t in archived))
-            return ({"turn": turn, "recent": committed.recent_removed > 0, "archive": in_archive,
-                     "recordLines": plan.record_lines, "notes": plan.notes_removed}, list(plan.pins_quoting))
+            log.info("%d turns forgotten in %s: %d recent messages, %d archived, %d record lines, %d notes",
+                     len(new), thread_id[:13], committed.recent_removed, committed.archive_removed,
+                     plan.record_lines, plan.notes_removed)
+            _tell_every_tab(thread_id, sorted(new), ids)
+            numbered = {t: sum(1 for line in state.record.lines if line.turn == t) for t in new}
+            first = min(new)
+            other_lines = plan.record_lines - sum(numbered.values())
+            return ([_entry(t, recent=t in recent, archive=t in archived,
+                            record_lines=numbered[t] + (other_lines if t == first else 0),
+                            notes=plan.notes_removed if t == first else 0) if t in new else _entry(t)
+                     for t in turns], list(plan.pins_quoting))
     raise ApiError(409, "conflict", "Memory was changing at that moment; please try again.")
 
 
@@ -161,27 +232,13 @@ def _tell_every_tab(thread_id: str, turns: list[int], message_ids: list[str]) ->
         log.warning("forget of %s not announced: store unavailable", thread_id[:13])
 
 
-def _drop_process_copies(thread_id: str, texts: list[str]) -> None:
-    """Drop what this process keeps of the thread's older memory: its archive index, the parsed messages holding
-    ``texts``, parsed records and notes, and split sentences (each rebuilt on its next use)."""
-    from app.memory.compaction import facts, record
-    from app.store import thread_store
-
-    archive_store.forget(thread_id)
-    gone = set(texts)
-    thread_store._checked_message_values.cache.discard_where(lambda key: len(key) > 2 and key[2] in gone)
-    thread_store._checked_meta.cache_clear()
-    facts._cache.clear()
-    record._split_cache.clear()
-
-
 @bp.delete("/api/chat/turns/<n>")
 @_store_errors
 def delete_turn(n: str):
     """Forget turn ``n``: 200 ``{"forgotten": {...}, "pinsQuoting": [int]}``; 404 ``not_found``; 409 ``conflict``."""
     if not ITEM_NUMBER_RE.fullmatch(n):
         raise ApiError(404, *NOT_FOUND)
-    forgotten, pins = _forget_one(current_thread_id(), int(n))
+    [forgotten], pins = _forget_turns(current_thread_id(), [int(n)])
     return guarded_json({"forgotten": forgotten, "pinsQuoting": pins})
 
 
@@ -191,15 +248,17 @@ def preview_forget():
     """Every memory item holding the phrase: 200 ``{"phrase", "items": [{"place", "turn", "text"}]}``; 400."""
     phrase = load_query(PHRASE_QUERY, {"phrase": request.args.get("phrase")}, BAD_PHRASE.message)["phrase"]
     svc, thread_id = services(), current_thread_id()
-    state = svc.store.load(thread_id)
+    state, index = load_turn_memory(svc.store, thread_id, run=off_the_event_loop)
     items: list[dict] = []
     for messages, number in zip(state.turns(), state.turn_numbers()):
         items.extend({"place": "recent", "turn": number, "text": m.text}
                      for m in messages if contains_phrase(m.text, phrase))
-    if state.folded_turns:
-        for archived in archive_store.all_archived_turns(svc.store, thread_id):
-            items.extend({"place": "archive", "turn": archived.number, "text": m.text}
-                         for m in archived.messages if contains_phrase(m.text, phrase))
+
+    def archived_items() -> list[dict]:  # CPU only: the whole archive, off the event loop
+        return [{"place": "archive", "turn": archived.number, "text": m.text}
+                for archived, _counts in index.counted() for m in archived.messages if contains_phrase(m.text, phrase)]
+
+    items.extend(off_the_event_loop(archived_items))
     items.extend({"place": "record", "turn": line.turn or None, "text": line.text}
                  for line in state.record.lines if contains_phrase(line.text, phrase))
     items.extend({"place": "notes", "turn": None, "text": note} for note in state.notes if contains_phrase(note, phrase))
@@ -227,16 +286,24 @@ def forget_by_phrase():
     """Forget the chosen turns: 200 ``{"forgotten": [{...}], "pinsQuoting": [int]}``; 400; 404 ``not_found``
     (nothing forgotten when any listed turn is not the thread's)."""
     phrase, turns = _forget_body()
-    svc, thread_id = services(), current_thread_id()
-    state = svc.store.load(thread_id)
-    for turn in turns:
-        _turn_number(str(turn), state)
-    forgotten, pins = [], set()
-    for turn in turns:
-        done, quoting = _forget_one(thread_id, turn, phrase)
-        forgotten.append(done)
-        pins.update(quoting)
+    forgotten, pins = _forget_turns(current_thread_id(), turns, phrase)
     return guarded_json({"forgotten": forgotten, "pinsQuoting": sorted(pins)})
+
+
+@bp.get("/api/chat/forget/status")
+@_store_errors
+def forget_status():
+    """The session's forget job running now: 200 ``{"running": bool, "turns": [int], "startedAt": ms or null}``."""
+    try:
+        raw = services().store.redis.get(ThreadKeys(current_thread_id()).forgetting)
+    except redis.RedisError as exc:
+        raise StoreUnavailable(type(exc).__name__) from exc
+    try:
+        job = json.loads(raw or "null")
+        turns, started = [int(t) for t in job["turns"]], int(job["startedAt"])
+    except (ValueError, TypeError, KeyError):  # none running (or not readable: said as none)
+        return guarded_json({"running": False, "turns": [], "startedAt": None})
+    return guarded_json({"running": True, "turns": turns, "startedAt": started})
 
 
 @bp.get("/api/chat/export")

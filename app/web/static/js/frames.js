@@ -33,7 +33,7 @@
  * `turn`: the memory turn number of a written turn; `finish: "length"`: the answer ended at its token limit.
  * @typedef {{type: "done", status?: "completed" | "blocked" | "cancelled" | "failed" | "paused" | string,
  *            messageId?: string, saved?: boolean | "unknown",
- *            reason?: "thread_cleared" | "store_unavailable" | "rejected" | string, code?: string,
+ *            reason?: "thread_cleared" | "turn_forgotten" | "store_unavailable" | "rejected" | string, code?: string,
  *            turn?: number, finish?: "length" | string}} DoneFrame
  */
 /** @typedef {{type: "error", code?: string, message?: string, retryAfter?: number}} ErrorFrame */

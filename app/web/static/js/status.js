@@ -54,6 +54,7 @@ export function unsavedLabel(reason) {
   /** @type {Record<string, string>} */
   const labels = {
     thread_cleared: "not saved (new chat started)",
+    turn_forgotten: "not saved (a turn was forgotten meanwhile)",
     store_unavailable: "not saved (memory unavailable)",
   };
   return labels[reason] || "not saved";
