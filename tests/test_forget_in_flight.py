@@ -39,7 +39,8 @@ def test_a_turn_streaming_across_a_forget_commits_nothing_of_the_forgotten_turn(
 
         fake_llm.default = Reply(text="A fresh answer.")  # the next turn reads the new counter and is kept
         frames = chat.turn("After the forget")
-        assert frames[-1] == {"type": "done", "status": "completed", "messageId": frames[0]["messageId"]}
+        assert frames[-1] == {"type": "done", "status": "completed", "messageId": frames[0]["messageId"],
+                              "turn": rig.store.load(tid).turn_numbers()[-1]}
         assert [m["text"] for m in chat.thread()["messages"]][-2:] == ["After the forget", "A fresh answer."]
     finally:
         chat.close()
@@ -54,7 +55,8 @@ def test_a_turn_that_started_after_the_forget_is_kept(served, fake_llm):  # noqa
         assert chat.http.delete(server.url + "/api/chat/turns/3", timeout=10).status_code == 200
         fake_llm.default = Reply(tokens=words(10), token_delay=0.01)
         frames = chat.turn("Started after the forget")
-        assert frames[-1] == {"type": "done", "status": "completed", "messageId": frames[0]["messageId"]}
+        assert frames[-1] == {"type": "done", "status": "completed", "messageId": frames[0]["messageId"],
+                              "turn": rig.store.load(tid).turn_numbers()[-1]}
         assert rig.store.load(tid).messages[-2].text == "Started after the forget"
     finally:
         chat.close()

@@ -97,8 +97,8 @@ def test_a_commit_whose_reply_and_read_back_are_lost_is_unknown_not_unsaved(loss
 
 def _forget(lossy_store, tid: str, state, turn: int):
     ids = [m.id for messages, n in zip(state.turns(), state.turn_numbers()) if n == turn for m in messages]
-    return lossy_store.forget_turn(tid, expected_gen=state.gen, turn=turn, message_ids=ids, record=None,
-                                   notes=list(state.notes), entry={"at": 1, "forgottenTurn": turn}, max_entries=50,
+    return lossy_store.forget_turn(tid, expected_gen=state.gen, turns=[turn], message_ids=ids, record=None,
+                                   notes=list(state.notes), entries=[{"at": 1, "forgottenTurn": turn}], max_entries=50,
                                    turn_message_ids=ids)
 
 
