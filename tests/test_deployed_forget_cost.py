@@ -90,7 +90,7 @@ def test_a_forget_of_many_turns_at_the_archive_limit_beside_a_streaming_visitor(
         assert sorted(json.loads(web.redis.hget(ThreadKeys(tid).state, "fgt"))) == chosen
         frames = [f for f in frames if f["type"] != "memory"]
         assert answer_text(frames) == "".join(TOKENS)  # the visitor's answer arrived whole
-        assert frames[-1] == {"type": "done", "status": "completed", "messageId": frames[0]["messageId"]}
+        assert frames[-1] == {"type": "done", "status": "completed", "messageId": frames[0]["messageId"], "turn": 1}
         assert visitor.thread()["messages"][-1]["text"] == "".join(TOKENS).strip()  # and was saved (trimmed)
         again = owner.request("POST", "/api/chat/forget", json={"turns": chosen[:5]})
         assert again.status_code == 200 and not any(f["archive"] for f in again.json()["forgotten"])

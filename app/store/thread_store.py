@@ -22,6 +22,7 @@ import functools
 import json
 import logging
 import re
+import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,6 +141,19 @@ class RefineStatus:
     unrefined_folds: int = 0
     activity: str | None = None
     activity_ms: int = 0
+
+
+def _never_sent(exc: BaseException) -> bool:
+    """True when ``exc`` (a redis-py connection error) came from making the connection (refused, unreachable,
+    name not resolved): the command was never written, so its outcome is known (not run)."""
+    seen: BaseException | None = exc
+    for _ in range(5):
+        if seen is None:
+            return False
+        if isinstance(seen, (ConnectionRefusedError, socket.gaierror)):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 class Unsettled(redis.ConnectionError):
@@ -303,6 +317,8 @@ class ThreadStore:
             answer, acknowledged = run_script_and_wait(self.writer, script, keys, args,
                                                        replicas=self.wait_replicas, timeout_ms=self.wait_timeout_ms)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
+            if _never_sent(exc):
+                raise  # the connection could not be made: Redis never saw the script
             raise Unsettled(f"{type(exc).__name__}: {exc}") from exc
         if acknowledged < self.wait_replicas:
             log.warning("memory write acknowledged by %d of %d replicas within %d ms", acknowledged,
