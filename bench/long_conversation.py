@@ -103,6 +103,19 @@ def iso_ms(value: str | None) -> float | None:
         return None
 
 
+def step_of(entry: dict) -> str:
+    """A history entry's ``step``; the served history (``accounting.public_compaction``) drops the string field
+    today, so it is inferred then: a fold's entry carries ``turnsFolded``, a refinement's ``turnsRefined`` or
+    ``modelCalls``; ``?`` otherwise (a fold or refinement that failed before its figures)."""
+    if entry.get("step"):
+        return str(entry["step"])
+    if "turnsFolded" in entry:
+        return "fold"
+    if "turnsRefined" in entry or "modelCalls" in entry:
+        return "refine"
+    return "?"
+
+
 # -- one session ---------------------------------------------------------------------------------------------------
 
 @dataclass
@@ -196,8 +209,8 @@ class Session:
         turn.answer = "".join(deltas)
         if done is not None:
             turn.status = str(done.get("status", done.get("type")))
-            expected = "cancelled" if cancelled else "completed"
-            if turn.status != expected:
+            expected = ("cancelled", "completed") if cancelled else ("completed",)
+            if turn.status not in expected:
                 turn.failure = turn.status + (f" ({done.get('code')})" if done.get("code") else "")
             elif done.get("saved") is False:
                 turn.failure = f"not saved ({done.get('reason')})"
@@ -237,6 +250,7 @@ class Session:
             if r.get("messageId"):
                 self.records[r["messageId"]] = r
         for c in data.get("compactions") or []:
+            c = dict(c, step=step_of(c))
             self.history[(c.get("at"), c.get("step"), c.get("outcome"), c.get("turnsFolded"))] = c
 
     def folds(self) -> list[dict]:
@@ -375,10 +389,30 @@ def visitors_phase(stack: Stack, source: TurnSource, floor_inputs: list[PersonTu
 
 
 def folds_phase(stack: Stack, source: TurnSource, args) -> tuple[list[Turn], list[tuple[float, float, str]]]:
-    """(d): a thread folding at 1 s pauses while ``--refiners`` other threads' refinements run."""
+    """(d): a thread folding at 1 s pauses while ``--refiners`` other threads' refinements run.  The measured
+    thread chats in the refiners' rounds too (so it folds on every turn by the time they go quiet), then goes
+    on alone at 1 s pauses until every refiner's refinement has run and ended (at most ``--fold-turns`` more
+    turns)."""
     refiners = [Session(stack, args.timeout) for _ in range(args.refiners)]
     measured = Session(stack, args.timeout)
     turns: list[Turn] = []
+    inputs = iter(source.conversation(args.bg_turns + args.fold_turns))
+    open_refines: set[int] = set()
+
+    def measured_turn(label: str) -> None:
+        pt = next(inputs)
+        t = measured.turn(pt, Turn("d measured", "measured", len(turns) + 1, pt.lang, pt.source, pause_before=1.0))
+        turns.append(t)
+        for r, s in enumerate(refiners):
+            s.idle(0.01)
+            for _at, f in s.events:
+                if f.get("step") == "refine":
+                    (open_refines.add if f.get("status") == "started" else open_refines.discard)(r)
+            s.events.clear()
+        print(f"  measured turn {len(turns)} ({label}): first token {fmt(t.first_token)}, end {fmt(t.end)}, "
+              f"refinements running: {len(open_refines)}", flush=True)
+        measured.idle(1.0)
+
     try:
         scripts = [source.conversation(args.bg_turns) for _ in refiners]
         for i in range(args.bg_turns):
@@ -386,23 +420,11 @@ def folds_phase(stack: Stack, source: TurnSource, args) -> tuple[list[Turn], lis
                 t = s.turn(script[i], Turn("d refiner", f"refiner-{r + 1}", i + 1, script[i].lang, script[i].source))
                 print(f"  refiner {r + 1} turn {i + 1}/{args.bg_turns}: end {fmt(t.end)}", flush=True)
                 s.idle(1.0)
-        inputs = source.conversation(args.fold_turns)
-        open_refines = set()
-        for i, pt in enumerate(inputs):
-            t = measured.turn(pt, Turn("d measured", "measured", i + 1, pt.lang, pt.source, pause_before=1.0))
-            turns.append(t)
-            for r, s in enumerate(refiners):
-                for _at, f in s.events:
-                    if f.get("step") == "refine":
-                        (open_refines.add if f.get("status") == "started" else open_refines.discard)(r)
-                s.events.clear()
-                s.idle(0.01)
-            print(f"  measured turn {i + 1}/{len(inputs)}: first token {fmt(t.first_token)}, end {fmt(t.end)}, "
-                  f"refinements running: {len(open_refines)}", flush=True)
-            measured.idle(1.0)
-            for s in refiners:
-                s.idle(0.01)
-            if i >= 5 and not open_refines:
+            measured_turn("with the refiners")
+        print("  refiners quiet: their refinements start after COMPACTION_IDLE_SECONDS", flush=True)
+        for _ in range(args.fold_turns):
+            measured_turn("alone")
+            if not open_refines:
                 for s in refiners:
                     s.refresh()
                 if all(s.refinements() for s in refiners):
@@ -413,8 +435,7 @@ def folds_phase(stack: Stack, source: TurnSource, args) -> tuple[list[Turn], lis
             s.refresh()
             spans += s.refinements()
         for t in turns:
-            commit = measured.records.get(t.message_id, {}).get("at")
-            at = iso_ms(commit)
+            at = iso_ms(measured.records.get(t.message_id, {}).get("at"))
             t.note = "during a refinement" if at is not None and any(a <= at <= b for a, b, _ in spans) else ""
         return turns, spans
     finally:
