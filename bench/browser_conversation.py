@@ -3,7 +3,8 @@
 
 Starts the stack ``make run`` starts (``bench.stack``: scripts/dev.py's plan and Procfile.dev's lines on free
 ports, the product's own settings) and drives its page with Playwright and Debian's Chromium
-(``/usr/bin/chromium``, ``CHROMIUM_PATH``; the launch flags of the browser tests, ``tests/fixtures``).  Person
+(``/usr/bin/chromium``, ``CHROMIUM_PATH``; the launch flags of the browser tests, ``tests/fixtures``; for the
+Chinese turns' screenshots a CJK font: ``apt-get install -y fonts-wqy-zenhei``).  Person
 turns are the same real data as ``bench.long_conversation`` (``bench.person_turns``: LoCoMo English and
 KdConv Chinese first-side turns mixed in blocks, held-out split by default, read from ``--data`` at run time,
 a fresh seed per run, printed).
@@ -102,7 +103,8 @@ RECORDER = r"""
     if (note && cur.first === null) {
       const text = (note.textContent || "").trim();
       const shape = text.replace(/\d+ s/, "N s");
-      if (!cur.waits.some((w) => w.shape === shape)) cur.waits.push({ shape, text, at: now - cur.sent });
+      const seen = cur.waits.find((w) => w.shape === shape);
+      if (seen) seen.text = text; else cur.waits.push({ shape, text, at: now - cur.sent });  // its last text
       const reason = note.dataset.reason || "";
       if (reason && !cur.reasons.includes(reason)) cur.reasons.push(reason);
     }
@@ -126,7 +128,7 @@ STATE = r"""
   const B = window.__bench || { turns: [] };
   const cur = B.turns[B.turns.length - 1] || null;
   return cur && { n: B.turns.length, sent: cur.sent, first: cur.first, end: cur.end, status: cur.status,
-                  waits: cur.waits, reasons: cur.reasons };
+                  waits: cur.waits, reasons: cur.reasons, elapsed: performance.now() - cur.sent };
 }
 """
 
@@ -225,7 +227,8 @@ def run_turn(page, text: str, row: Row, timeout: float, *, stop_after_first: boo
                 if stop.is_visible():
                     stop.click()
                 stopped = True
-            if shots is not None and state["waits"] and not waiting_shot and len(shots) < 3:
+            if (shots is not None and state["waits"] and state["first"] is None and not waiting_shot
+                    and state["elapsed"] > 3000 and len(shots) < 4):  # a wait a person notices
                 path = OUT / f"{shot_prefix}-turn{row.n}-waiting.png"
                 page.screenshot(path=str(path))
                 shots.append(path)
