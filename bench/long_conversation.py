@@ -42,7 +42,7 @@ the model's answers and the data's texts: never commit them).
 
 Usage::
 
-    python -m bench.long_conversation                                   # the real case (defaults; ~2-3 h here)
+    python -m bench.long_conversation                                   # the real case (defaults): ~1.5-2 h here
     python -m bench.long_conversation --turns 5 --conversations 1 --fast 0 --pause 1 2 \\
         --bg-turns 6 --visitors 3 --refiners 1 --fold-turns 6          # a smoke run: mechanics and tables
     python -m bench.long_conversation --only a,b --turns 64             # some phases only
@@ -517,6 +517,8 @@ def report(floor: list[Turn], convs: dict[str, list[Turn]], visitors: list[Turn]
     if visitors:
         lines.append("")
         lines.append("(c) fresh visitors during another thread's background work (ratios to the floor)")
+        if getattr(args, "warmups", None):
+            lines.append(f"  prompt warm-ups the web logged during (c): {args.warmups[0]} ({args.warmups[1]} failed)")
         for label in ("c after a fold: warm-up", "c during a refinement"):
             sub = [t for t in visitors if t.phase == label]
             if not sub:
@@ -597,9 +599,10 @@ def main(argv: list[str] | None = None) -> int:
         inputs = [inputs[int(i * step)] for i in range(args.floor_sample)]
     extra = parse_env(args.env)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    print(f"bench: long conversations; seed {seed}; data {args.data} ({describe_split(args.split)}); "
-          f"{args.conversations} x {args.turns} turns at {args.pause[0]:g}-{args.pause[1]:g} s pauses + "
-          f"{args.fast} fast typist (1 s), {args.languages}; phases {','.join(sorted(phases))}; "
+    what = (f"{args.conversations} x {args.turns} turns at {args.pause[0]:g}-{args.pause[1]:g} s pauses + "
+            f"{args.fast} fast typist (1 s), {args.languages}; " if "b" in phases else "")
+    print(f"bench: long conversations; seed {seed}; data {args.data} ({describe_split(args.split)}); {what}"
+          f"floor {len(inputs)} inputs; phases {','.join(sorted(phases))}; "
           f"settings: the product's own{' + ' + ' '.join(args.env) if args.env else ''}; load {load_average()}",
           flush=True)
     floor: list[Turn] = []
@@ -623,7 +626,10 @@ def main(argv: list[str] | None = None) -> int:
                 convs[name] = conversation(stack, name, list(scripts[name][0]), pauses[name], args)
         if "c" in phases:
             print("(c) fresh visitors during another thread's background work", flush=True)
+            before = stack.log("web")
             visitors = visitors_phase(stack, source, inputs, args)
+            logged = stack.log("web")[len(before):]
+            args.warmups = (logged.count("prompt warm-up"), logged.count("prompt warm-up") - logged.count(" read in "))
         if "d" in phases:
             print("(d) fold latency while other threads' refinements run", flush=True)
             fold_turns, spans = folds_phase(stack, source, args)
