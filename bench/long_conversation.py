@@ -357,8 +357,8 @@ def visitors_phase(stack: Stack, source: TurnSource, floor_inputs: list[PersonTu
         bg_inputs = source.conversation(args.bg_turns)
         for i, pt in enumerate(bg_inputs):
             t = bg.turn(pt, Turn("c background", "background", i + 1, pt.lang, pt.source))
-            print(f"  background turn {i + 1}/{len(bg_inputs)}: first token {fmt(t.first_token)}, end {fmt(t.end)}",
-                  flush=True)
+            print(f"  background turn {i + 1}/{len(bg_inputs)}: first token {fmt(t.first_token)}, end {fmt(t.end)}"
+                  f"{'  FAILED ' + t.failure if t.failure else ''}", flush=True)
             fold = bg.idle(5.0, until=lambda f: f.get("step") == "fold" and f.get("status") == "succeeded")
             if fold is not None:
                 visit("after a fold: warm-up")
@@ -410,7 +410,7 @@ def folds_phase(stack: Stack, source: TurnSource, args) -> tuple[list[Turn], lis
                     (open_refines.add if f.get("status") == "started" else open_refines.discard)(r)
             s.events.clear()
         print(f"  measured turn {len(turns)} ({label}): first token {fmt(t.first_token)}, end {fmt(t.end)}, "
-              f"refinements running: {len(open_refines)}", flush=True)
+              f"refinements running: {len(open_refines)}{'  FAILED ' + t.failure if t.failure else ''}", flush=True)
         measured.idle(1.0)
 
     try:
@@ -418,7 +418,8 @@ def folds_phase(stack: Stack, source: TurnSource, args) -> tuple[list[Turn], lis
         for i in range(args.bg_turns):
             for r, (s, script) in enumerate(zip(refiners, scripts)):
                 t = s.turn(script[i], Turn("d refiner", f"refiner-{r + 1}", i + 1, script[i].lang, script[i].source))
-                print(f"  refiner {r + 1} turn {i + 1}/{args.bg_turns}: end {fmt(t.end)}", flush=True)
+                print(f"  refiner {r + 1} turn {i + 1}/{args.bg_turns}: end {fmt(t.end)}"
+                      f"{'  FAILED ' + t.failure if t.failure else ''}", flush=True)
                 s.idle(1.0)
             measured_turn("with the refiners")
         print("  refiners quiet: their refinements start after COMPACTION_IDLE_SECONDS", flush=True)
@@ -553,6 +554,9 @@ def report(floor: list[Turn], convs: dict[str, list[Turn]], visitors: list[Turn]
                      f"{verdict(ok)}" + ("  [no fold while a refinement ran]" if not during else ""))
         lines.append(f"  all folds of the measured thread: {len(alls)}  p50 {pct(alls, .5):.0f} ms  "
                      f"p95 {pct(alls, .95):.0f} ms")
+        failed = [t for t in fold_turns if t.failure]
+        lines.append(f"  the measured thread's failed turns: {len(failed)}"
+                     + ("  [" + "; ".join(f"#{t.n}: {t.failure}" for t in failed[:6]) + "]" if failed else ""))
     return lines, ok_all
 
 
