@@ -33,9 +33,13 @@ Phases, in this order:
 (d) **fold latency** (a turn's commit -> its fold applied: ``at`` of the fold's entry in the thread's
     compaction history against the ``at`` of the turn record before it, both in ``GET /api/chat/stats``), p50 /
     p95, for the conversations of (b) and while other threads' refinements are slow: ``--refiners`` (2)
-    threads chat ``--bg-turns`` turns each (round robin, 1 s pauses) and go quiet; a measured thread chats at
-    1 s pauses until their refinements have ended (at most ``--fold-turns``, 16, turns); its folds whose turn
-    committed while one of their refinements ran count (target p95 <= 1 s).
+    threads chat ``--bg-turns`` turns each (round robin, 1 s pauses, the measured thread taking a turn in each
+    round too, so that it folds on every turn by then) and go quiet; the measured thread chats on at 1 s
+    pauses until their refinements (the bundled compaction server's, 20-40 s each on this machine, queued on
+    its one slot) have ended, at most ``--fold-turns`` (16) more turns; its folds whose turn committed while
+    one of their refinements ran count (target p95 <= 1 s).  The served history drops its ``step`` field
+    today (``accounting.public_compaction`` keeps numbers only): the bench then tells a fold's entry by its
+    ``turnsFolded``, a refinement's by ``turnsRefined`` / ``modelCalls`` (``step_of``).
 
 Per-turn rows of every phase go to ``bench/out/long_conversation-<UTC time>.json`` (git-ignored; they hold
 the model's answers and the data's texts: never commit them).

@@ -139,6 +139,13 @@ class Stack:
         return f"processes (Procfile.dev, scripts/dev.py's plan): {', '.join(self.names)}{left}"
 
     def stop(self) -> None:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl+C does not cut the shutdown short
+        try:
+            self._stop()
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def _stop(self) -> None:
         order = ([n for n in STOP_FIRST if n in self.procs]
                  + [n for n in self.procs if n not in STOP_FIRST and n not in STOP_LAST]
                  + [n for n in STOP_LAST if n in self.procs])
@@ -173,6 +180,7 @@ def terminate_on_sigterm() -> None:
     """Make SIGTERM and SIGHUP end the benchmark like Ctrl+C (so every ``finally`` stops what it started)."""
     def handler(signum, _frame):
         raise KeyboardInterrupt(f"signal {signum}")
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started in the background
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGHUP, handler)
 
