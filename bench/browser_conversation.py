@@ -382,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
          "floor": [asdict(r) for r in floor], "rows": [asdict(r) for r in rows],
          "screenshots": [p.name for p in shots]}, ensure_ascii=False, indent=1))
     print(f"\nrows: {OUT / (prefix + '.json')}; screenshots: {len(shots)} in {OUT} ({prefix}-*.png)")
-    print(f"overall: {verdict(ok)}{' (interrupted)' if interrupted else ''}")
+    print(f"overall: {'interrupted (incomplete)' if interrupted else verdict(ok)}")
     return 130 if interrupted else (0 if ok else 1)
 
 

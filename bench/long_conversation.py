@@ -537,8 +537,10 @@ def report(floor: list[Turn], convs: dict[str, list[Turn]], visitors: list[Turn]
             ls, ok = ratio_line(label[2:], vals, base, {"p50": TARGET_VISITOR, "p95": TARGET_VISITOR})
             lines += ls
             ok_all &= ok and not any(t.failure for t in sub)
-    lines.append("")
-    lines.append("(d) fold latency (turn committed -> fold applied, from the thread's compaction history)")
+    ok_all &= bool(base)
+    if convs or fold_turns:
+        lines.append("")
+        lines.append("(d) fold latency (turn committed -> fold applied, from the thread's compaction history)")
     if convs:
         ms = [t.fold_ms for ts in convs.values() for t in ts if t.fold_ms is not None]
         frames = [t.fold_frame * 1000 for ts in convs.values() for t in ts if t.fold_frame is not None]
@@ -660,7 +662,7 @@ def main(argv: list[str] | None = None) -> int:
                                "load_at_end": load_average(), "refinements": spans, "rows": rows},
                               ensure_ascii=False, indent=1))
     print(f"\nper-turn rows: {out}   load at the end: {load_average()}")
-    print(f"overall: {verdict(ok)}{' (interrupted)' if interrupted else ''}")
+    print(f"overall: {'interrupted (incomplete)' if interrupted else verdict(ok)}")
     return 130 if interrupted else (0 if ok else 1)
 
 
