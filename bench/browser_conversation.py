@@ -30,7 +30,7 @@ failed turns go to ``bench/out/browser-<UTC time>-*.png``, the rows to ``bench/o
 
 Usage::
 
-    python -m bench.browser_conversation                                   # the real case: 30 turns, ~25-40 min
+    python -m bench.browser_conversation                                   # the real case: 30 turns, ~15-25 min here
     python -m bench.browser_conversation --turns 4 --pause 2 3 --floor-sample 2   # a smoke run
     python -m bench.browser_conversation --seed 1234 --headed              # repeat a draw, watch it (needs a display)
 
@@ -73,6 +73,7 @@ except Exception:  # noqa: BLE001 - pytest missing: the copy above
 RECORDER = r"""
 (() => {
   const B = window.__bench = { turns: [] };
+  const botCount = () => document.querySelectorAll('[data-testid="message"][data-role="assistant"]').length;
   const visible = (content) => {
     if (!content) return "";
     const c = content.cloneNode(true);
@@ -81,14 +82,16 @@ RECORDER = r"""
   };
   document.addEventListener("keydown", (e) => {
     if (e.key === "Enter" && !e.shiftKey && e.target && e.target.id === "message-input" && e.target.value.trim()) {
-      B.turns.push({ sent: performance.now(), first: null, end: null, waits: [], reasons: [], status: null });
+      B.turns.push({ sent: performance.now(), first: null, end: null, waits: [], reasons: [], status: null,
+                     bots: botCount() });
     }
   }, true);
   document.addEventListener("click", (e) => {
     const t = e.target && e.target.closest && e.target.closest('[data-testid="send"]');
     const box = document.getElementById("message-input");
     if (t && box && box.value.trim()) {
-      B.turns.push({ sent: performance.now(), first: null, end: null, waits: [], reasons: [], status: null });
+      B.turns.push({ sent: performance.now(), first: null, end: null, waits: [], reasons: [], status: null,
+                     bots: botCount() });
     }
   }, true);
   const check = () => {
@@ -96,7 +99,7 @@ RECORDER = r"""
     if (!cur || cur.end !== null) return;
     const bots = document.querySelectorAll('[data-testid="message"][data-role="assistant"]');
     const bot = bots[bots.length - 1];
-    if (!bot) return;
+    if (!bot || bots.length <= cur.bots) return;  // this turn's bubble only (none when the page did not send)
     const now = performance.now();
     const content = bot.querySelector(".content");
     const note = bot.querySelector('[data-testid="waiting"]');
