@@ -55,7 +55,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.person_turns import SPLITS, TurnSource, default_data, describe_split, pct, repeats  # noqa: E402
+from bench.person_turns import SPLITS, TurnSource, default_data, describe_split, pct, repeats, similarity  # noqa: E402
 from bench.stack import Stack, parse_env, terminate_on_sigterm  # noqa: E402
 
 OUT = ROOT / "bench" / "out"
@@ -73,7 +73,8 @@ except Exception:  # noqa: BLE001 - pytest missing: the copy above
 RECORDER = r"""
 (() => {
   const B = window.__bench = { turns: [] };
-  const botCount = () => document.querySelectorAll('[data-testid="message"][data-role="assistant"]').length;
+  const turnsShown = () => Array.from(document.querySelectorAll('[data-testid="message"][data-role="assistant"]'))
+    .map((b) => b.dataset.turn || "").filter(Boolean);
   const visible = (content) => {
     if (!content) return "";
     const c = content.cloneNode(true);
@@ -83,7 +84,7 @@ RECORDER = r"""
   document.addEventListener("keydown", (e) => {
     if (e.key === "Enter" && !e.shiftKey && e.target && e.target.id === "message-input" && e.target.value.trim()) {
       B.turns.push({ sent: performance.now(), first: null, end: null, waits: [], reasons: [], status: null,
-                     bots: botCount() });
+                     old: turnsShown() });
     }
   }, true);
   document.addEventListener("click", (e) => {
@@ -91,15 +92,16 @@ RECORDER = r"""
     const box = document.getElementById("message-input");
     if (t && box && box.value.trim()) {
       B.turns.push({ sent: performance.now(), first: null, end: null, waits: [], reasons: [], status: null,
-                     bots: botCount() });
+                     old: turnsShown() });
     }
   }, true);
   const check = () => {
     const cur = B.turns[B.turns.length - 1];
     if (!cur || cur.end !== null) return;
     const bots = document.querySelectorAll('[data-testid="message"][data-role="assistant"]');
-    const bot = bots[bots.length - 1];
-    if (!bot || bots.length <= cur.bots) return;  // this turn's bubble only (none when the page did not send)
+    // this turn's bubble only: the page's own (data-turn: its client id) and new since Enter (none when not sent)
+    const bot = Array.from(bots).reverse().find((b) => b.dataset.turn && !cur.old.includes(b.dataset.turn));
+    if (!bot) return;
     const now = performance.now();
     const content = bot.querySelector(".content");
     const note = bot.querySelector('[data-testid="waiting"]');
@@ -428,6 +430,9 @@ def report(floor: list[Row], rows: list[Row], args) -> bool:
                                     + "]" if reps else ""))
     print(f"  turn number shown != person's count {len(mismatched)}  (of {sum(1 for r in rows if r.shown_turn)} read)  "
           f"{verdict(not mismatched)}")
+    echoes = [r for r in rows if similarity(r.answer, r.text) >= args.dup_ratio]
+    print(f"  answers echoing the person's message {len(echoes)}  (no target: a person reads them as broken)"
+          + ("  [" + ", ".join(f"#{r.n}" for r in echoes[:10]) + "]" if echoes else ""))
     waits = [r for r in rows if r.waits]
     print(f"  turns that showed a waiting message {len(waits)}: "
           + ("; ".join(f"#{r.n}: {r.waits[-1]}" for r in waits[:8]) or "none"))

@@ -78,7 +78,8 @@ os.environ.setdefault("APP_ENV", "test")
 import requests  # noqa: E402
 import websocket  # noqa: E402
 
-from bench.person_turns import PersonTurn, TurnSource, default_data, describe_split, pct, repeats, SPLITS  # noqa: E402
+from bench.person_turns import (PersonTurn, SPLITS, TurnSource, default_data, describe_split, pct, repeats,  # noqa: E402
+                                 similarity)  # noqa: E402
 from bench.stack import Stack, parse_env, terminate_on_sigterm  # noqa: E402
 from chat_support.live_app import ChatClient  # noqa: E402
 
@@ -516,6 +517,10 @@ def report(floor: list[Turn], convs: dict[str, list[Turn]], visitors: list[Turn]
                      f"{verdict(not reps)}" + ("  [" + "; ".join(f"{t.conversation}#{t.n}~#{t.repeat_of} "
                                                                   f"({t.repeat_ratio})" for t in reps[:6]) + "]"
                                                if reps else ""))
+        echoes = [t for t in every if similarity(t.answer, t.text) >= args.dup_ratio]
+        lines.append(f"  answers echoing the person's message {len(echoes)}  (similarity >= {args.dup_ratio}; no target: "
+                     "a person reads them as broken)" + ("  [" + ", ".join(f"{t.conversation}#{t.n}" for t in echoes[:8])
+                                                        + "]" if echoes else ""))
         waits = [t for t in every if t.waiting]
         reasons = sorted({w.split(":")[0] for t in waits for w in t.waiting})
         lines.append(f"  turns that showed a waiting reason {len(waits)}  ({', '.join(reasons) or 'none'})")
