@@ -276,8 +276,8 @@ class Session:
         for mid, r in self.records.items():
             if mid in by_id:
                 by_id[mid].answer_tokens = r.get("completionTokens")
-        stamped = sorted(((iso_ms(r.get("at")), mid) for mid, r in self.records.items()
-                          if iso_ms(r.get("at")) is not None), key=lambda x: x[0])
+        stamped: list[tuple[float, str]] = sorted((at, mid) for mid, r in self.records.items()
+                                                  if (at := iso_ms(r.get("at"))) is not None)
         for c in self.folds():
             if c.get("outcome") != "applied" or (at := iso_ms(c.get("at"))) is None:
                 continue
@@ -493,11 +493,11 @@ def report(floor: list[Turn], convs: dict[str, list[Turn]], visitors: list[Turn]
         lines += ls
         ok_all &= ok
         for lang in ("en", "zh"):
-            sub = [t.first_token for t in every if t.lang == lang and t.first_token is not None]
+            sub_ft = [t.first_token for t in every if t.lang == lang and t.first_token is not None]
             fl = [t.first_token for t in floor if t.lang == lang and t.first_token is not None]
-            if sub and fl:
-                lines.append(f"  ({lang}: p50 {pct(sub, .5):.2f} s / floor {pct(fl, .5):.2f} s, p95 {pct(sub, .95):.2f} s"
-                             f" / {pct(fl, .95):.2f} s, max {max(sub):.2f} s / {max(fl):.2f} s)")
+            if sub_ft and fl:
+                lines.append(f"  ({lang}: p50 {pct(sub_ft, .5):.2f} s / floor {pct(fl, .5):.2f} s, p95 "
+                             f"{pct(sub_ft, .95):.2f} s / {pct(fl, .95):.2f} s, max {max(sub_ft):.2f} s / {max(fl):.2f} s)")
         ends = [t.end for t in every if t.end is not None]
         ok = pct(ends, .95) <= TARGET_END_P95 and bool(ends)
         ok_all &= ok

@@ -23,6 +23,7 @@ import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 LOCOMO_FILE = "locomo10.json"
 KDCONV_FILE = "kdconv-sample.json"
@@ -133,7 +134,7 @@ class TurnSource:
             k = self._en_next % len(self.english)
             sessions = self.english[k]
             s, t = self._en_pos[k]
-            out = []
+            out: list[PersonTurn] = []
             while len(out) < n and s < len(sessions):
                 out.append(sessions[s][t])
                 t += 1
@@ -193,7 +194,7 @@ def repeats(answers: list[str], threshold: float) -> list[tuple[int, float] | No
     return out
 
 
-def pct(values: list[float], q: float) -> float:
+def pct(values: Sequence[float], q: float) -> float:
     """The ``q`` quantile (0..1) by nearest rank; 0.0 for no values."""
     if not values:
         return 0.0

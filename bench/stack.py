@@ -46,6 +46,7 @@ def _dev_module():
     global _DEV
     if _DEV is None:
         spec = importlib.util.spec_from_file_location("bench_dev_plan", ROOT / "scripts" / "dev.py")
+        assert spec is not None and spec.loader is not None
         _DEV = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(_DEV)
     return _DEV
