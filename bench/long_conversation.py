@@ -21,8 +21,10 @@ Phases, in this order:
     session and socket per conversation.  Per turn: first-token time, answer end, answer tokens (the turn's
     ``completionTokens`` in ``GET /api/chat/stats``), failure (a ``done`` other than ``completed``, ``saved:
     false``, an error frame, no ``done``), the waiting frames' reasons, and whether the answer nearly repeats
-    an earlier answer of its conversation (difflib ratio >= ``--dup-ratio``, 0.85).  Then first token p50 /
-    p95 / max as ratios to the floor's.
+    an earlier answer of its conversation (difflib ratio >= ``--dup-ratio``, 0.85; also counted, without a
+    target: answers that echo the person's own message).  Then first token p50 / p95 / max as ratios to the
+    floor's (targets 2x / 4x / 8x), per conversation, overall and per language; answer end p95 (<= 20 s);
+    failed turns (0); repeated answers (0).
 (c) **fresh visitors during another thread's background work**: a background thread chats ``--bg-turns`` (8)
     turns at 1 s pauses (its folds), and (c1) right after each fold of it is applied (its ``memory``
     ``succeeded`` frame: the web's prompt warm-up starts then) a fresh visitor sends a message; then the
@@ -52,8 +54,11 @@ Usage::
     python -m bench.long_conversation --only a,b --turns 64             # some phases only
     python -m bench.long_conversation --seed 1234                       # repeat a run's draw
 
-``--data`` defaults to ``../shared/data`` beside the checkout.  Units: seconds unless a column says ms.
-Ctrl+C stops the run and every process it started.
+The smoke run above takes 10-15 minutes on this shared machine.  ``--data`` defaults to ``../shared/data``
+beside the checkout (from a worktree under ``/work/wt/``: ``/work/shared/data``).  Units: seconds unless a
+column says ms.  Ctrl+C (or SIGTERM) stops the run and every process it started; the store's data (the
+conversations) lives in a temporary folder removed at the end (``--keep-logs DIR`` keeps the logs).
+The exit status is 0 when every target passed, 1 otherwise, 130 when interrupted.
 """
 
 from __future__ import annotations
