@@ -39,7 +39,8 @@ Phases, in this order:
     round too, so that it folds on every turn by then) and go quiet; the measured thread chats on at 1 s
     pauses until their refinements (the bundled compaction server's, 20-40 s each on this machine, queued on
     its one slot) have ended, at most ``--fold-turns`` (16) more turns; its folds whose turn committed while
-    one of their refinements ran count (target p95 <= 1 s).  The served history drops its ``step`` field
+    one of their refinements ran count (target p95 <= 1 s); when none did (a quick refinement between two
+    commits), the refiners chat 2 more turns each and go quiet again, at most ``--refine-rounds`` (3) rounds.  The served history drops its ``step`` field
     today (``accounting.public_compaction`` keeps numbers only): the bench then tells a fold's entry by its
     ``turnsFolded``, a refinement's by ``turnsRefined`` / ``modelCalls`` (``step_of``).
 
@@ -406,7 +407,7 @@ def folds_phase(stack: Stack, source: TurnSource, args) -> tuple[list[Turn], lis
     refiners = [Session(stack, args.timeout) for _ in range(args.refiners)]
     measured = Session(stack, args.timeout)
     turns: list[Turn] = []
-    inputs = iter(source.conversation(args.bg_turns + args.fold_turns))
+    inputs = iter(source.conversation(args.bg_turns + (args.fold_turns + 2) * args.refine_rounds))
     open_refines: set[int] = set()
 
     def measured_turn(label: str) -> None:
@@ -423,31 +424,57 @@ def folds_phase(stack: Stack, source: TurnSource, args) -> tuple[list[Turn], lis
               f"refinements running: {len(open_refines)}{'  FAILED ' + t.failure if t.failure else ''}", flush=True)
         measured.idle(1.0)
 
-    try:
-        scripts = [source.conversation(args.bg_turns) for _ in refiners]
-        for i in range(args.bg_turns):
-            for r, (s, script) in enumerate(zip(refiners, scripts)):
-                t = s.turn(script[i], Turn("d refiner", f"refiner-{r + 1}", i + 1, script[i].lang, script[i].source))
-                print(f"  refiner {r + 1} turn {i + 1}/{args.bg_turns}: end {fmt(t.end)}"
-                      f"{'  FAILED ' + t.failure if t.failure else ''}", flush=True)
-                s.idle(1.0)
-            measured_turn("with the refiners")
-        print("  refiners quiet: their refinements start after COMPACTION_IDLE_SECONDS", flush=True)
-        for _ in range(args.fold_turns):
-            measured_turn("alone")
-            if not open_refines:
-                for s in refiners:
-                    s.refresh()
-                if all(s.refinements() for s in refiners):
-                    break  # every refiner's refinement has run and ended
-        measured.annotate(turns)
-        spans = []
+    def spans_now() -> list[tuple[float, float, str]]:
+        out = []
         for s in refiners:
             s.refresh()
-            spans += s.refinements()
+            out += s.refinements()
+        return out
+
+    def during(t: Turn, spans: list[tuple[float, float, str]]) -> bool:
+        at = iso_ms(measured.records.get(t.message_id, {}).get("at"))
+        return at is not None and any(a <= at <= b for a, b, _ in spans)
+
+    try:
+        more = 2 * (args.refine_rounds - 1)
+        scripts = [source.conversation(args.bg_turns + more) for _ in refiners]
+        done_turns = [0] * len(refiners)
+
+        def refiner_round(label: str) -> None:
+            for r, (s, script) in enumerate(zip(refiners, scripts)):
+                i = done_turns[r]
+                t = s.turn(script[i], Turn("d refiner", f"refiner-{r + 1}", i + 1, script[i].lang, script[i].source))
+                done_turns[r] += 1
+                print(f"  refiner {r + 1} turn {i + 1}: end {fmt(t.end)}"
+                      f"{'  FAILED ' + t.failure if t.failure else ''}", flush=True)
+                s.idle(1.0)
+            measured_turn(label)
+
+        for _ in range(args.bg_turns):
+            refiner_round("with the refiners")
+        spans: list[tuple[float, float, str]] = []
+        for round_ in range(args.refine_rounds):  # bounded: a round whose refinements missed every fold repeats
+            if round_:
+                print("  no fold of the measured thread was committed while a refinement ran: the refiners chat "
+                      "2 more turns each and go quiet again", flush=True)
+                for _ in range(2):
+                    refiner_round("with the refiners")
+            spans_now()  # refreshes each refiner's history
+            before = [len(s.refinements()) for s in refiners]
+            print("  refiners quiet: their refinements start after COMPACTION_IDLE_SECONDS", flush=True)
+            for _ in range(args.fold_turns):
+                measured_turn("alone")
+                if not open_refines:
+                    for s in refiners:
+                        s.refresh()
+                    if all(len(s.refinements()) > n for s, n in zip(refiners, before)):
+                        break  # every refiner's refinement of this round has run and ended
+            measured.annotate(turns)
+            spans = spans_now()
+            if any(t.fold_ms is not None and during(t, spans) for t in turns):
+                break
         for t in turns:
-            at = iso_ms(measured.records.get(t.message_id, {}).get("at"))
-            t.note = "during a refinement" if at is not None and any(a <= at <= b for a, b, _ in spans) else ""
+            t.note = "during a refinement" if during(t, spans) else ""
         return turns, spans
     finally:
         for s in refiners + [measured]:
@@ -594,6 +621,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--refiners", type=int, default=2)
     parser.add_argument("--fold-turns", type=int, default=16)
     parser.add_argument("--refine-wait", type=float, default=180.0, help="seconds to wait for a refinement")
+    parser.add_argument("--refine-rounds", type=int, default=3,
+                        help="(d): rounds of refinements at most, until a measured fold lands in one")
     parser.add_argument("--dup-ratio", type=float, default=0.85)
     parser.add_argument("--only", default="a,b,c,d", help="phases to run (a is always run when b or c is)")
     parser.add_argument("--timeout", type=float, default=600.0, help="bench bound on one turn (not the product's)")
