@@ -235,6 +235,9 @@ def public_compaction(record: dict) -> dict:
         elif key == "droppedTurns":
             if not (isinstance(value, list) and len(value) == 2 and all(type(v) is int for v in value)):
                 continue
+        elif key == "step":
+            if value not in ("fold", "refine", "forget", "clear"):
+                continue
         elif key == "message":
             if not isinstance(value, str) or len(value) > 80:
                 continue
