@@ -205,3 +205,28 @@ def test_the_known_routes_pass_decoded(proxied):
     assert [r.path for r in standin.requests][-2:] == ["/v1/chat/completions", "/v1/models"]
     assert slot_cache.clean_path("/v1//chat/./completions?x=1") == "/v1/chat/completions"
     assert slot_cache.clean_path("/%252e%252e/%73lots") == "/slots"
+
+
+def test_the_webs_warmup_is_queued_by_the_proxy_at_once_even_while_a_turn_streams(proxied, settings, store):
+    """``PromptWarmup`` with the bundled model: the proxy takes the prefix and answers 202 at once, though the
+    server is still reading it; a socket's turn in flight is no reason to skip it (the proxy lets turns go first)."""
+    from app.chat.connection import CompactionWarmup
+    from app.extensions import Services
+    from app.llm.warmup import PromptWarmup
+    from tests.fixtures.celery_worker import seed_turns, thread_id_for
+
+    url, cache, standin = proxied
+    bundled = settings.with_overrides(openai_base_url=url + "/v1", bundled_model=True, prompt_warmup="auto")
+    services = Services(bundled)
+    tid = thread_id_for("warmup queued")
+    seed_turns(services.store, tid, 2)
+    warmup = PromptWarmup(bundled)
+    busy = CompactionWarmup(services, tid, warmup, lambda: True)
+    assert busy.run() is True and warmup.sent == 1
+    (upstream,) = wait_for(lambda: warm_requests(standin))  # the proxy reads it (and it stalls: still reading)
+    assert upstream.outcome is None
+    key = thread_cache_key(bundled.secret_key, tid)
+    assert cache.warming is not None and cache.warming["key"] == key
+    assert [m["role"] for m in upstream.body["messages"]] == ["system", "user", "assistant", "user", "assistant"]
+    hosted = settings.with_overrides(openai_base_url=url + "/v1", bundled_model=False, prompt_warmup="on")
+    assert PromptWarmup(hosted).queued(tid) is False and warmup.queued(tid) is True
