@@ -31,6 +31,7 @@ failed save deletes the file: the thread's next turn reads its prompt again, not
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.client
 import ipaddress
@@ -103,6 +104,8 @@ class SlotCache:
     turns: int = 0  # turns (requests that are not warm-ups) in the proxy, waiting or running
     stopped: bool = False
     turn_holds_slot: bool = False  # a turn (not a warm-up) holds ``lock`` now
+    warmups: list = field(default_factory=list)  # for tests and logs: each warm-up run, as ``warming`` ended
+    #  ({"key", "by", "ok", "cache": tokens reused at its start, "read": prompt tokens done when it ended}; last 100)
 
     def path(self, name: str) -> Path:
         return self.directory / f"{name}.bin"
@@ -290,12 +293,15 @@ class SlotCache:
                     if self.turns or self.stopped:  # a turn came first: it goes first
                         self.pending.setdefault(key, body)
                         continue
-                    self.warming = running = {"key": key, "conn": None, "by": ""}
+                    self.warming = running = {"key": key, "conn": None, "by": "", "ok": False, "cache": None,
+                                              "read": 0}
                 self._note("warm", key)
                 self.prepare(key, body)
-                ok = self._warm(running, body)
+                ok = running["ok"] = self._warm(running, body)
                 with self.cond:
                     self.warming = None
+                    self.warmups.append({k: v for k, v in running.items() if k != "conn"})
+                    del self.warmups[:-100]
                 by = running["by"]
                 if ok or not by:
                     self.finish(key, ok)
@@ -312,7 +318,7 @@ class SlotCache:
         """Forward a warm-up as a streamed one-token chat completion; True when it was read whole."""
         try:
             payload = json.loads(body)
-            payload.update(stream=True, max_tokens=1)
+            payload.update(stream=True, max_tokens=1, return_progress=True)
             data = json.dumps(payload).encode()
         except (ValueError, AttributeError):
             return False
@@ -325,10 +331,19 @@ class SlotCache:
                     return False
             conn.request("POST", "/v1/chat/completions", body=data, headers={"Content-Type": "application/json"})
             resp = conn.getresponse()
-            seen = b""
+            pending = b""
+            done = False
             while chunk := resp.read1(65536):
-                seen = (seen + chunk)[-64:]
-            return resp.status == 200 and b"[DONE]" in seen
+                *lines, pending = (pending + chunk).split(b"\n")
+                for line in lines:
+                    done = done or line.strip() == b"data: [DONE]"
+                    if b'"prompt_progress"' in line:  # llama.cpp's, one per batch: how far it has read
+                        with contextlib.suppress(ValueError, AttributeError, TypeError, KeyError):
+                            progress = json.loads(line.removeprefix(b"data: "))["prompt_progress"]
+                            if running["cache"] is None:
+                                running["cache"] = int(progress.get("cache", 0))
+                            running["read"] = int(progress["processed"])
+            return resp.status == 200 and done
         except (OSError, http.client.HTTPException):
             return False
         finally:
