@@ -29,8 +29,13 @@ Server settings (``server_params``), each for a reason:
   request; ``n_cache_reuse`` (``LOCAL_MODEL_CACHE_REUSE``, default 256 tokens) also reuses later runs of at least
   that many equal tokens, shifted in place, so a turn after a compaction need not read its unchanged recent turns
   again.  The compaction server has no chunk reuse (each compaction prompt is new);
-- ``n_ctx``: ``MODEL_CONTEXT_TOKENS`` (default 8192), the app's budget; threads: half the CPUs per server for
-  decoding (``LOCAL_MODEL_THREADS`` overrides); for reading a prompt, the compaction server uses the same number
+- ``n_batch`` = ``n_ubatch``: ``LOCAL_MODEL_BATCH`` (default 256 tokens): llama.cpp checks for a cancelled request
+  between batches, so a request whose connection closes (a warm-up preempted by a turn) stops within one batch;
+- yielding (``LOCAL_MODEL_YIELD``, on by default; the chat server with its proxy): while a chat turn is in the
+  proxy the compaction server's process is paused (``scripts/cpu_yield.py``: this supervisor writes the compaction
+  server's pid file and continues it whenever the proxy's pause lease is stale);
+- ``n_ctx``: ``MODEL_CONTEXT_TOKENS`` (default 8192), the app's budget; threads: for decoding every CPU for the
+  chat server when yielding is on, else half the CPUs per server (``LOCAL_MODEL_THREADS`` overrides); for reading a prompt, the compaction server uses the same number
   and the chat server all the CPUs (``LOCAL_MODEL_BATCH_THREADS`` overrides): a turn's new prompt tokens (the
   recalled excerpts, a changed record after a compaction) are read about 1.8x faster on 2 cores, and the
   chat server reads prompts only between a person's messages;

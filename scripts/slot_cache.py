@@ -20,10 +20,27 @@ two requests never interleave; every request that uses the slot passes it):
 
 Requests without a key (the start check) start from the base state (or an erased slot) and are never saved.
 ``DELETE /cache`` with the header, from loopback only, deletes that key's file (a thread forgot a turn; the
-slot is erased when it holds that key).  ``GET`` requests (models, health) pass without the lock.  Paths under ``/slots`` are refused (403): only this
-proxy saves and restores, and only into its own directory (llama.cpp's ``--slot-save-path``, a private
-directory made for this server's run, mode 0700, removed when it stops).  Files are KV states, not text; they
-live only while the server runs.
+slot is erased when it holds that key).  ``GET`` requests (models, health) pass without the lock.  Only the
+proxy's own routes (``ROUTES``: chat completions, completions, models, health, ``DELETE /cache``) pass, checked on
+the path percent-decoded until stable with ``.``, ``..`` and ``//`` resolved (``clean_path``); anything else,
+``/slots`` in any spelling included, answers 404: only this proxy saves and restores, and only into its own
+directory (llama.cpp's ``--slot-save-path``, a private directory made for this server's run, mode 0700, removed
+when it stops).  Files are KV states, not text; they live only while the server runs.
+
+People first (README: The bundled model):
+
+- a warm-up (``X-Model-Warmup: 1`` with a key; ``app/llm/warmup.py``) is answered 202 at once and queued, the
+  newest per key replacing an older one (a running one of that key is preempted).  A runner thread reads it while
+  no turn is in the proxy, as a streamed one-token request, so that closing its connection makes llama.cpp cancel
+  it within one batch (``LOCAL_MODEL_BATCH``).  A turn (any other request) preempts it at once: for the same key
+  the slot keeps what the warm-up read and the turn reads only the rest; for another key the part read is saved
+  to the warm-up key's file before the turn's restore and the warm-up is queued again (it then reads only the
+  rest).  A queued warm-up of a turn's own key is dropped (the turn reads that prompt);
+- while a streamed turn waits for the slot behind another turn the proxy answers 200 with an event stream at
+  once and sends ``data: {"object": "x.wait", "reason": "another_turn"}`` then, every ``WAIT_EVENT_SECONDS`` at
+  most, again, then relays the upstream stream's body (llama.cpp's own events untouched); an upstream failure
+  after that is one ``data: {"error": {"message", "code": <HTTP status>}}`` event and the end of the body;
+- while any turn is in the proxy the compaction server is paused (``pauser``: ``scripts/cpu_yield.py``).
 
 A failed restore (a file llama.cpp cannot read, e.g. after an upgrade) erases the slot and deletes the file; a
 failed save deletes the file: the thread's next turn reads its prompt again, nothing else changes.
