@@ -82,7 +82,7 @@ def stack(tmp_path):
         started.append(compaction)
         pid = int(cpu_yield.pid_file(compaction_port, tmp_path).read_text())
         assert children(compaction.pid) == [pid]
-        chat = start("chat", chat_port, tmp_path, STANDIN_TOKEN_DELAY="1.0",
+        chat = start("chat", chat_port, tmp_path, STANDIN_TOKEN_DELAY="3.0",
                      LOCAL_COMPACTION_MODEL_PORT=str(compaction_port))
         started.append(chat)
         yield chat, chat_port, pid, tmp_path, compaction_port
@@ -110,7 +110,7 @@ def test_the_compaction_server_is_stopped_during_a_chat_turn_and_runs_again_afte
     worker.join(30)
     assert answer and answer[0]["choices"][0]["message"]["content"] == "Hi there."
     # running again as the turn ended: well before a stale lease (5 s) could have done it
-    assert states_until(pid, lambda s: s != "T", 1.0)[-1] in ("S", "R")
+    assert states_until(pid, lambda s: s != "T", 1.0)[-1] not in ("T", None)
     assert not cpu_yield.lease_file(compaction_port, run_dir).exists()
 
 
@@ -131,7 +131,7 @@ def test_a_chat_supervisor_killed_mid_turn_never_leaves_the_compaction_server_st
     chat.wait(10)
     # its lease goes stale: the compaction supervisor's watchdog continues the server
     seen = states_until(pid, lambda s: s != "T", cpu_yield.LEASE_SECONDS + 5)
-    assert seen[0] == "T" and seen[-1] in ("S", "R")
+    assert seen[0] == "T" and seen[-1] not in ("T", None)
 
 
 def test_a_pause_needs_a_compaction_server_by_its_pid_file(tmp_path):
