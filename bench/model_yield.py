@@ -115,6 +115,7 @@ def run_mode(yields: bool, args) -> dict:
         chat = start("chat", chat_port, env)
         try:
             nonce = random.randrange(1 << 40)
+            first_token(chat_port, nonce - 1)  # not counted: the first one has the system prompt's state saved
             quiet = [first_token(chat_port, nonce + n) for n in range(args.visitors)]
             busy, refinements = [], []
             for n in range(args.visitors):
