@@ -29,8 +29,13 @@ Server settings (``server_params``), each for a reason:
   request; ``n_cache_reuse`` (``LOCAL_MODEL_CACHE_REUSE``, default 256 tokens) also reuses later runs of at least
   that many equal tokens, shifted in place, so a turn after a compaction need not read its unchanged recent turns
   again.  The compaction server has no chunk reuse (each compaction prompt is new);
-- ``n_ctx``: ``MODEL_CONTEXT_TOKENS`` (default 8192), the app's budget; threads: half the CPUs per server for
-  decoding (``LOCAL_MODEL_THREADS`` overrides); for reading a prompt, the compaction server uses the same number
+- ``n_batch`` = ``n_ubatch``: ``LOCAL_MODEL_BATCH`` (default 256 tokens): llama.cpp checks for a cancelled request
+  between batches, so a request whose connection closes (a warm-up preempted by a turn) stops within one batch;
+- yielding (``LOCAL_MODEL_YIELD``, on by default; the chat server with its proxy): while a chat turn is in the
+  proxy the compaction server's process is paused (``scripts/cpu_yield.py``: this supervisor writes the compaction
+  server's pid file and continues it whenever the proxy's pause lease is stale);
+- ``n_ctx``: ``MODEL_CONTEXT_TOKENS`` (default 8192), the app's budget; threads: for decoding every CPU for the
+  chat server when yielding is on, else half the CPUs per server (``LOCAL_MODEL_THREADS`` overrides); for reading a prompt, the compaction server uses the same number
   and the chat server all the CPUs (``LOCAL_MODEL_BATCH_THREADS`` overrides): a turn's new prompt tokens (the
   recalled excerpts, a changed record after a compaction) are read about 1.8x faster on 2 cores, and the
   chat server reads prompts only between a person's messages;
@@ -61,6 +66,7 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import cpu_yield  # noqa: E402  scripts/cpu_yield.py, beside this script
 import local_model  # noqa: E402  scripts/local_model.py, beside this script
 import slot_cache  # noqa: E402  scripts/slot_cache.py, beside this script
 
@@ -69,15 +75,30 @@ DEFAULT_HOST = local_model.DEFAULT_HOST
 CONTEXT_TOKENS = 8192  # default window, tokens
 COMPACTION_NICE = 10  # the compaction server's niceness: a chat turn's threads come first (LOCAL_COMPACTION_NICE)
 CACHE_REUSE_TOKENS = 256  # chat server: smallest run of equal tokens reused by shifting (LOCAL_MODEL_CACHE_REUSE)
+BATCH_TOKENS = 256  # n_batch = n_ubatch (LOCAL_MODEL_BATCH): a cancelled request stops within one batch (~0.4 s
+#                     here at ~150 prompt tokens/s on 2 cores; 2048, llama.cpp's default, read the whole prompt first)
 MAX_CRASHES = 3  # crashes after a passed start check tolerated within CRASH_WINDOW (each restart is checked again)
 CRASH_WINDOW = 300.0  # seconds
 START_CHECK_TIMEOUT = 120.0  # seconds for the one-token completion (a cold page cache on a busy machine)
 HOSTED = "or use a hosted provider (set OPENAI_BASE_URL and/or OPENAI_API_KEY)"
 
 
-def default_threads() -> int:
-    """CPU threads per server: half the CPUs, at least 1 (two servers share the machine)."""
+def default_threads(role: str = "compaction", yields: bool = False) -> int:
+    """Decoding threads: all the CPUs for the chat server when the compaction server yields to its turns
+    (``LOCAL_MODEL_YIELD``), else half the CPUs per server, at least 1 (two servers share the machine)."""
+    if role == "chat" and yields:
+        return max(1, os.cpu_count() or 2)
     return max(1, (os.cpu_count() or 2) // 2)
+
+
+def _on(value: str | None, default: bool) -> bool:
+    if value is None or value.strip() == "":
+        return default
+    if value.strip().lower() in ("1", "on", "true", "yes"):
+        return True
+    if value.strip().lower() in ("0", "off", "false", "no"):
+        return False
+    raise ValueError(f"expected on or off, got {value!r}")
 
 
 def default_batch_threads(role: str) -> int:
@@ -101,7 +122,9 @@ def server_settings(role: str, environ=os.environ) -> dict:
     process's niceness, 0 for chat), ``n_parallel`` (slots), ``cache_ram_mib`` (0: no RAM prompt cache),
     ``cache_idle_slots``, ``n_ctx_checkpoints``, ``cache_prompt``, ``n_cache_reuse`` (tokens; 0 off),
     ``slot_files`` (each thread's slot file kept at most this many files, ``scripts/slot_cache.py``; 0: no slot
-    files, no proxy) and ``slot_mib`` (their total size, MiB).
+    files, no proxy), ``slot_mib`` (their total size, MiB), ``batch`` (llama.cpp's n_batch and n_ubatch,
+    tokens: a cancelled request stops within one batch) and ``yield`` (chat: pause the compaction server while a
+    turn runs, ``scripts/cpu_yield.py``; needs the proxy, so slot files).
     """
     reuse = slot_files = slot_mib = 0
     if role == "chat":
@@ -109,12 +132,14 @@ def server_settings(role: str, environ=os.environ) -> dict:
         files = environ.get("LOCAL_MODEL_SLOT_FILES")
         slot_files = int(files) if files not in (None, "") else slot_cache.MAX_FILES
         slot_mib = int(environ.get("LOCAL_MODEL_SLOT_MIB") or slot_cache.MAX_MIB) if slot_files else 0
+    yields = role == "chat" and bool(slot_files) and _on(environ.get("LOCAL_MODEL_YIELD"), True)
     return {"n_ctx": int(environ.get("MODEL_CONTEXT_TOKENS") or CONTEXT_TOKENS),
-            "threads": int(environ.get("LOCAL_MODEL_THREADS") or default_threads()),
+            "threads": int(environ.get("LOCAL_MODEL_THREADS") or default_threads(role, yields)),
             "batch_threads": int(environ.get("LOCAL_MODEL_BATCH_THREADS") or default_batch_threads(role)),
             "nice": int(environ.get("LOCAL_COMPACTION_NICE") or COMPACTION_NICE) if role == "compaction" else 0,
             "n_parallel": 1, "cache_ram_mib": 0, "cache_idle_slots": False, "n_ctx_checkpoints": 0,
-            "cache_prompt": True, "n_cache_reuse": reuse, "slot_files": slot_files, "slot_mib": slot_mib}
+            "cache_prompt": True, "n_cache_reuse": reuse, "slot_files": slot_files, "slot_mib": slot_mib,
+            "batch": int(environ.get("LOCAL_MODEL_BATCH") or BATCH_TOKENS), "yield": yields}
 
 
 def server_params(model: Path, host: str, port: int, settings: dict, slot_path: str = ""):
@@ -137,6 +162,8 @@ def server_params(model: Path, host: str, port: int, settings: dict, slot_path: 
     params.n_ctx_checkpoints = settings["n_ctx_checkpoints"]
     params.cache_prompt = settings["cache_prompt"]
     params.n_cache_reuse = settings["n_cache_reuse"]
+    params.n_batch = settings["batch"]
+    params.n_ubatch = settings["batch"]
     params.endpoint_slots = False
     params.slot_save_path = slot_path
     params.use_jinja = True
@@ -319,8 +346,34 @@ def _fail(port: int, text: str) -> int:
     return 1
 
 
+def _watch(proc: subprocess.Popen, port: int) -> tuple | None:
+    """The compaction server: write its pid file (the chat proxy pauses it during turns) and start the watchdog
+    that continues it when the pause lease is stale (``scripts/cpu_yield.py``).  Returns what ``_unwatch`` ends."""
+    try:
+        directory = cpu_yield.run_dir()
+        path = cpu_yield.pid_file(port, directory)
+        path.write_text(f"{proc.pid}\n")
+    except OSError as exc:
+        print(f"local model: the compaction server will not yield to chat turns ({type(exc).__name__})", flush=True)
+        return None
+    done = threading.Event()
+    threading.Thread(target=cpu_yield.watchdog, args=(proc.pid, cpu_yield.lease_file(port, directory), done),
+                     name="pause-watchdog", daemon=True).start()
+    return path, done
+
+
+def _unwatch(watched: tuple | None) -> None:
+    if watched is not None:
+        path, done = watched
+        done.set()
+        with contextlib.suppress(OSError):
+            path.unlink(missing_ok=True)
+
+
 def _stop(proc: subprocess.Popen) -> int:
     if proc.poll() is None:
+        with contextlib.suppress(OSError):
+            proc.send_signal(signal.SIGCONT)  # a paused server must run to stop
         proc.terminate()
         try:
             return proc.wait(15)
@@ -360,11 +413,18 @@ def serve(host: str, port: int, timeout: float, role: str = "chat") -> int:
         except OSError as exc:
             cache.close()
             return _fail(port, f"{what} cannot listen on {host}:{port} ({exc.strerror or type(exc).__name__})")
+        compaction_port = os.environ.get("LOCAL_COMPACTION_MODEL_PORT")
+        if settings["yield"] and compaction_port:
+            cache.pauser = cpu_yield.Pauser(int(compaction_port))
         threading.Thread(target=proxy.serve_forever, kwargs={"poll_interval": 0.2}, name="slot-proxy",
                          daemon=True).start()
     try:
         return _supervise(model, host, port, child_port, role, timeout, what, stopping, current, cache)
     finally:
+        if cache is not None:
+            cache.stop()
+            if cache.pauser is not None:
+                cache.pauser.close()
         if proxy is not None:
             proxy.shutdown()
             proxy.server_close()
@@ -390,12 +450,16 @@ def _supervise(model: Path, host: str, port: int, child_port: int, role: str, ti
 
     def pass_on(signum):
         if current and current[-1].poll() is None:
+            current[-1].send_signal(signal.SIGCONT)  # (a paused compaction server must run to stop)
             current[-1].send_signal(signum)
 
     def after_request(signum, cache: slot_cache.SlotCache):
         # llama.cpp does not stop while a slot save or restore is queued: let the request in flight (and its save)
         # finish first, and start no other (the lock stays held; at most 30 s)
+        cache.stop()  # a running warm-up is cancelled, none starts
         cache.lock.acquire(timeout=30)
+        if cache.pauser is not None:
+            cache.pauser.close()
         pass_on(signum)
 
     def forward(signum, _frame):
@@ -416,13 +480,16 @@ def _supervise(model: Path, host: str, port: int, child_port: int, role: str, ti
                 cache.holder = cache.base_digest = None
         proc = subprocess.Popen(child_argv(model, host, child_port, role, slot_dir))
         current[:] = [proc]
+        watched = _watch(proc, port) if role == "compaction" else None
         try:
             check_s = start_check(proc, child_url, load_timeout=timeout, stopping=stopping)
         except Stopped:
             _stop(proc)
+            _unwatch(watched)
             return 0
         except StartFailure as exc:
             _stop(proc)
+            _unwatch(watched)
             if stopping.is_set():
                 return 0
             return _fail(port, f"{what} {exc}")
@@ -432,6 +499,7 @@ def _supervise(model: Path, host: str, port: int, child_port: int, role: str, ti
         print(f"local model: {MODEL_NAME} ready at {base_url} for {role} (llama.cpp server, {server_version()}; "
               f"one-token check {check_s:.1f} s; up in {time.monotonic() - started:.1f} s)", flush=True)
         code = proc.wait()
+        _unwatch(watched)
         if ready is not None:
             with contextlib.suppress(OSError):
                 ready.unlink(missing_ok=True)

@@ -20,10 +20,27 @@ two requests never interleave; every request that uses the slot passes it):
 
 Requests without a key (the start check) start from the base state (or an erased slot) and are never saved.
 ``DELETE /cache`` with the header, from loopback only, deletes that key's file (a thread forgot a turn; the
-slot is erased when it holds that key).  ``GET`` requests (models, health) pass without the lock.  Paths under ``/slots`` are refused (403): only this
-proxy saves and restores, and only into its own directory (llama.cpp's ``--slot-save-path``, a private
-directory made for this server's run, mode 0700, removed when it stops).  Files are KV states, not text; they
-live only while the server runs.
+slot is erased when it holds that key).  ``GET`` requests (models, health) pass without the lock.  Only the
+proxy's own routes (``ROUTES``: chat completions, completions, models, health, ``DELETE /cache``) pass, checked on
+the path percent-decoded until stable with ``.``, ``..`` and ``//`` resolved (``clean_path``); anything else,
+``/slots`` in any spelling included, answers 404: only this proxy saves and restores, and only into its own
+directory (llama.cpp's ``--slot-save-path``, a private directory made for this server's run, mode 0700, removed
+when it stops).  Files are KV states, not text; they live only while the server runs.
+
+People first (README: The bundled model):
+
+- a warm-up (``X-Model-Warmup: 1`` with a key; ``app/llm/warmup.py``) is answered 202 at once and queued, the
+  newest per key replacing an older one (a running one of that key is preempted).  A runner thread reads it while
+  no turn is in the proxy, as a streamed one-token request, so that closing its connection makes llama.cpp cancel
+  it within one batch (``LOCAL_MODEL_BATCH``).  A turn (any other request) preempts it at once: for the same key
+  the slot keeps what the warm-up read and the turn reads only the rest; for another key the part read is saved
+  to the warm-up key's file before the turn's restore and the warm-up is queued again (it then reads only the
+  rest).  A queued warm-up of a turn's own key is dropped (the turn reads that prompt);
+- while a streamed turn waits for the slot behind another turn the proxy answers 200 with an event stream at
+  once and sends ``data: {"object": "x.wait", "reason": "another_turn"}`` then, every ``WAIT_EVENT_SECONDS`` at
+  most, again, then relays the upstream stream's body (llama.cpp's own events untouched); an upstream failure
+  after that is one ``data: {"error": {"message", "code": <HTTP status>}}`` event and the end of the body;
+- while any turn is in the proxy the compaction server is paused (``pauser``: ``scripts/cpu_yield.py``).
 
 A failed restore (a file llama.cpp cannot read, e.g. after an upgrade) erases the slot and deletes the file; a
 failed save deletes the file: the thread's next turn reads its prompt again, nothing else changes.
@@ -31,26 +48,37 @@ failed save deletes the file: the thread's next turn reads its prompt again, not
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.client
 import ipaddress
 import json
 import sys
 import os
+import posixpath
 import re
 import shutil
+import socket
 import tempfile
 import threading
+import urllib.parse
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 CACHE_HEADER = "X-Model-Cache-Key"
+WARMUP_HEADER = "X-Model-Warmup"  # "1": a prompt warm-up (app/llm/warmup.py), queued and preempted by turns
+ROUTES = {  # the only routes passed on (method, decoded path); everything else answers 404
+    ("POST", "/v1/chat/completions"), ("POST", "/chat/completions"), ("POST", "/v1/completions"),
+    ("POST", "/completions"), ("GET", "/v1/models"), ("GET", "/models"), ("GET", "/health"), ("GET", "/v1/health"),
+    ("DELETE", "/cache")}
 KEY_RE = re.compile(r"^[0-9a-f]{64}$")
 BASE = "base"
 MAX_FILES = 64  # LOCAL_MODEL_SLOT_FILES: slot files kept (threads), the base state included
 MAX_MIB = 1024  # LOCAL_MODEL_SLOT_MIB: their total size, MiB
 UPSTREAM_TIMEOUT = 600.0  # seconds: the longest answer a request may take on the internal server
+WAIT_EVENT_SECONDS = 2.0  # a streamed turn waiting behind another turn hears an x.wait event at least this often
+WAIT_EVENT = b'data: {"object": "x.wait", "reason": "another_turn"}\n\n'
 _HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "proxy-connection", "te",
         "trailer", "upgrade"}
 
@@ -86,6 +114,15 @@ class SlotCache:
     base_digest: str | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
     events: list = field(default_factory=list)
+    pauser: object | None = None  # begin()/end() around each turn: the compaction server yields (cpu_yield.Pauser)
+    cond: threading.Condition = field(default_factory=threading.Condition)  # guards the warm-up fields below
+    pending: dict = field(default_factory=dict)  # key -> request body of the warm-ups not started, oldest first
+    warming: dict | None = None  # the running warm-up: {"key", "conn", "by"} ("by": the preempting key, or "")
+    turns: int = 0  # turns (requests that are not warm-ups) in the proxy, waiting or running
+    stopped: bool = False
+    turn_holds_slot: bool = False  # a turn (not a warm-up) holds ``lock`` now
+    warmups: list = field(default_factory=list)  # for tests and logs: each warm-up run, as ``warming`` ended
+    #  ({"key", "by", "ok", "cache": tokens reused at its start, "read": prompt tokens done when it ended}; last 100)
 
     def path(self, name: str) -> Path:
         return self.directory / f"{name}.bin"
@@ -208,6 +245,149 @@ class SlotCache:
         """Remove the directory and every file in it."""
         shutil.rmtree(self.directory, ignore_errors=True)
 
+    # -- warm-ups: queued, newest per thread, run only while no turn is in the proxy, preempted by any turn --------
+
+    def queue_warmup(self, key: str, body: bytes) -> None:
+        """Queue a warm-up of ``key`` (replacing a queued older one; a running one of the same key is preempted)."""
+        with self.cond:
+            self.pending.pop(key, None)
+            self.pending[key] = body
+            self._preempt(key, only=key)
+            self.cond.notify_all()
+
+    def turn_begins(self, key: str | None) -> None:
+        """A turn entered the proxy: a running warm-up stops now (its upstream connection is closed, so llama.cpp
+        cancels it within one batch); a queued warm-up of the same key is dropped (the turn reads its prompt)."""
+        with self.cond:
+            self.turns += 1
+            if key is not None:
+                self.pending.pop(key, None)
+            self._preempt(key)
+        if self.pauser is not None:
+            self.pauser.begin()
+
+    def turn_ends(self) -> None:
+        if self.pauser is not None:
+            self.pauser.end()
+        with self.cond:
+            self.turns -= 1
+            self.cond.notify_all()
+
+    def _preempt(self, by: str | None, only: str | None = None) -> None:
+        """(Under ``cond``.) Stop the running warm-up (when ``only``: only a warm-up of that key)."""
+        running = self.warming
+        if running is None or running["by"] or (only is not None and running["key"] != only):
+            return
+        running["by"] = by or "-"
+        conn = running["conn"]
+        if conn is not None and conn.sock is not None:
+            with _suppress_os():
+                conn.sock.shutdown(socket.SHUT_RDWR)
+
+    def stop(self) -> None:
+        """No more warm-ups; the running one is preempted."""
+        with self.cond:
+            self.stopped = True
+            self._preempt(None)
+            self.cond.notify_all()
+
+    def run_warmups(self) -> None:
+        """The warm-up runner (one thread per proxy, until ``stop``): take the oldest queued warm-up when no turn
+        is in the proxy, make the slot hold its key's state, have the server read the prompt (a streamed one-token
+        request) and save it.  When a turn preempts it, the slot holds the part read so far: for the same key the
+        turn reads only the rest; for another key the part is saved to the warm-up key's file and the warm-up is
+        queued again (it then reads only the rest)."""
+        while True:
+            with self.cond:
+                while not self.stopped and (not self.pending or self.turns):
+                    self.cond.wait(1.0)
+                if self.stopped:
+                    return
+                key = next(iter(self.pending))
+                body = self.pending.pop(key)
+            with self.lock:
+                with self.cond:
+                    if self.turns or self.stopped:  # a turn came first: it goes first
+                        self.pending.setdefault(key, body)
+                        continue
+                    self.warming = running = {"key": key, "conn": None, "by": "", "ok": False, "cache": None,
+                                              "read": 0}
+                self._note("warm", key)
+                self.prepare(key, body)
+                ok = running["ok"] = self._warm(running, body)
+                with self.cond:
+                    self.warming = None
+                    self.warmups.append({k: v for k, v in running.items() if k != "conn"})
+                    del self.warmups[:-100]
+                by = running["by"]
+                if ok or not by:
+                    self.finish(key, ok)
+                    continue
+                self._note("preempted", key)
+                self.holder = key  # the tokens read before the cancel stay in the slot
+                if by != key:  # another thread's turn (or a newer warm-up of this key, or a stop): keep the part
+                    self.finish(key, True)
+                    with self.cond:
+                        if not self.stopped:
+                            self.pending.setdefault(key, body)
+
+    def _warm(self, running: dict, body: bytes) -> bool:
+        """Forward a warm-up as a streamed one-token chat completion; True when it was read whole."""
+        try:
+            payload = json.loads(body)
+            payload.update(stream=True, max_tokens=1, return_progress=True)
+            data = json.dumps(payload).encode()
+        except (ValueError, AttributeError):
+            return False
+        conn = http.client.HTTPConnection(*self.upstream, timeout=UPSTREAM_TIMEOUT)
+        try:
+            conn.connect()
+            with self.cond:
+                running["conn"] = conn
+                if running["by"]:
+                    return False
+            conn.request("POST", "/v1/chat/completions", body=data, headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            pending = b""
+            done = False
+            while chunk := resp.read1(65536):
+                *lines, pending = (pending + chunk).split(b"\n")
+                for line in lines:
+                    done = done or line.strip() == b"data: [DONE]"
+                    if b'"prompt_progress"' in line:  # llama.cpp's, one per batch: how far it has read
+                        with contextlib.suppress(ValueError, AttributeError, TypeError, KeyError):
+                            progress = json.loads(line.removeprefix(b"data: "))["prompt_progress"]
+                            if running["cache"] is None:
+                                running["cache"] = int(progress.get("cache", 0))
+                            running["read"] = int(progress["processed"])
+            return resp.status == 200 and done
+        except (OSError, http.client.HTTPException):
+            return False
+        finally:
+            conn.close()
+
+
+class _suppress_os:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, _value, _tb):
+        return kind is not None and issubclass(kind, OSError)
+
+
+def clean_path(raw: str) -> str:
+    """A request target's path, percent-decoded until it no longer changes, with ``.``, ``..`` and repeated
+    slashes resolved (``"/%73lots/0?x"`` -> ``"/slots/0"``, ``"/v1//../slots"`` -> ``"/slots"``); the query is
+    dropped.  Only what this gives is checked against ``ROUTES`` and sent upstream."""
+    path = urllib.parse.urlsplit(raw).path if raw.startswith("/") else "/" + raw
+    for _ in range(8):
+        decoded = urllib.parse.unquote(path)
+        if decoded == path:
+            break
+        path = decoded
+    path = posixpath.normpath("/" + path.split("?", 1)[0].split("#", 1)[0])
+    return "/" + path.lstrip("/")
+
 
 def _system_prompt(body: bytes) -> str | None:
     """The text of a chat request's first message when it is a system message with text, else None."""
@@ -250,27 +430,35 @@ def make_proxy(cache: SlotCache, host: str, port: int) -> ThreadingHTTPServer:
             self.end_headers()
             self.wfile.write(body)
 
-        def _forward(self, method: str, body: bytes | None) -> bool:
-            """Send the request upstream and its answer back; True when the answer was 200 and went out whole."""
-            headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP and k != CACHE_HEADER}
+        def _forward(self, method: str, path: str, body: bytes | None, waited: bool = False) -> bool:
+            """Send the request upstream and its answer back; True when the answer was 200 and went out whole.
+            ``waited``: the 200 status and the event-stream headers already went out (with ``x.wait`` events):
+            relay only the body, and an upstream failure as one ``error`` event."""
+            headers = {k: v for k, v in self.headers.items()
+                       if k.lower() not in _HOP and k not in (CACHE_HEADER, WARMUP_HEADER)}
             conn = http.client.HTTPConnection(*cache.upstream, timeout=UPSTREAM_TIMEOUT)
             try:
                 try:
-                    conn.request(method, self.path, body=body, headers=headers)
+                    conn.request(method, path, body=body, headers=headers)
                     resp = conn.getresponse()
                 except (OSError, http.client.HTTPException):
+                    if waited:
+                        return self._sse_error(503, "The model server is not available.")
                     self._reply(503, "The model server is not available.")
                     return False
-                self.send_response(resp.status)
-                for name, value in resp.getheaders():
-                    if name.lower() not in _HOP:
-                        self.send_header(name, value)
-                self.send_header("Transfer-Encoding", "chunked")
-                self.end_headers()
+                if waited and resp.status != 200:
+                    resp.read()
+                    return self._sse_error(resp.status, "The model server could not answer.")
+                if not waited:
+                    self.send_response(resp.status)
+                    for name, value in resp.getheaders():
+                        if name.lower() not in _HOP:
+                            self.send_header(name, value)
+                    self.send_header("Transfer-Encoding", "chunked")
+                    self.end_headers()
                 try:
                     while chunk := resp.read1(65536):
-                        self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
-                        self.wfile.flush()
+                        self._chunk(chunk)
                     self.wfile.write(b"0\r\n\r\n")
                     self.wfile.flush()
                 except (OSError, http.client.HTTPException):
@@ -280,27 +468,96 @@ def make_proxy(cache: SlotCache, host: str, port: int) -> ThreadingHTTPServer:
             finally:
                 conn.close()
 
+        def _chunk(self, data: bytes) -> None:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.wfile.flush()
+
+        def _sse_error(self, status: int, message: str) -> bool:
+            with _suppress_os():
+                self._chunk(b"data: " + json.dumps({"error": {"message": message, "code": status}}).encode()
+                            + b"\n\n")
+                self.wfile.write(b"0\r\n\r\n")
+                self.wfile.flush()
+            self.close_connection = True
+            return False
+
+        def _wait_for_slot(self, streamed: bool) -> bool | None:
+            """Take ``cache.lock``.  A streamed turn that finds it held by another turn first answers 200 with an
+            event stream and sends ``data: {"object": "x.wait", "reason": "another_turn"}`` at once and every
+            ``WAIT_EVENT_SECONDS`` until the lock is its own.  Returns whether the headers went out (None: the
+            client went away while waiting; the lock is not held)."""
+            if cache.lock.acquire(blocking=False):
+                return False
+            if not streamed:
+                cache.lock.acquire()
+                return False
+            started = False
+            while True:
+                if not started and cache.turn_holds_slot:  # (a warm-up or a save gives the slot up at once)
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/event-stream")
+                    self.send_header("Cache-Control", "no-cache")
+                    self.send_header("Transfer-Encoding", "chunked")
+                    self.end_headers()
+                    started = True
+                if started:
+                    try:
+                        self._chunk(WAIT_EVENT)
+                    except OSError:
+                        self.close_connection = True
+                        return None
+                if cache.lock.acquire(timeout=WAIT_EVENT_SECONDS if started else 0.05):
+                    return started
+
         def do_GET(self):
-            if self.path.startswith("/slots"):
-                return self._reply(403, "Slots are managed by the proxy.")
-            self._forward("GET", None)
+            path = clean_path(self.path)
+            if ("GET", path) not in ROUTES:
+                return self._reply(404, "Not found.")
+            self._forward("GET", path, None)
 
         def do_POST(self):
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            if self.path.startswith("/slots"):
-                return self._reply(403, "Slots are managed by the proxy.")
+            path = clean_path(self.path)
+            if ("POST", path) not in ROUTES:
+                return self._reply(404, "Not found.")
             key = self.headers.get(CACHE_HEADER)
             if key is not None and not KEY_RE.match(key):
                 return self._reply(400, f"{CACHE_HEADER} must be 64 lowercase hex characters.")
-            with cache.lock:
-                cache.prepare(key, body)
-                ok = self._forward("POST", body)
-                cache.finish(key, ok)
+            if self.headers.get(WARMUP_HEADER) == "1":
+                if key is None or path not in ("/v1/chat/completions", "/chat/completions"):
+                    return self._reply(400, f"A warm-up is a chat completion with {CACHE_HEADER}.")
+                cache.queue_warmup(key, body)
+                answer = json.dumps({"object": "x.warmup", "status": "queued"}).encode()
+                self.send_response(202)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+                return
+            try:
+                streamed = json.loads(body).get("stream") is True
+            except (ValueError, AttributeError):
+                streamed = False
+            cache.turn_begins(key)
+            try:
+                waited = self._wait_for_slot(streamed)
+                if waited is None:
+                    return
+                cache.turn_holds_slot = True
+                try:
+                    cache.prepare(key, body)
+                    ok = self._forward("POST", path, body, waited=waited)
+                    cache.finish(key, ok)
+                finally:
+                    cache.turn_holds_slot = False
+                    cache.lock.release()
+            finally:
+                cache.turn_ends()
 
         def do_DELETE(self):
             # DELETE /cache with the key's header: drop that thread's slot file.  Loopback only (the web
             # processes run beside the model server); anything else is refused.
-            if self.path != "/cache":
+            if ("DELETE", clean_path(self.path)) not in ROUTES:
                 return self._reply(404, "Not found.")
             if not _loopback(self.client_address[0]):
                 return self._reply(403, "Only from this machine.")
@@ -313,8 +570,14 @@ def make_proxy(cache: SlotCache, host: str, port: int) -> ThreadingHTTPServer:
             self.send_header("Content-Length", "0")
             self.end_headers()
 
+        def do_PUT(self):
+            self._reply(404, "Not found.")
+
+        do_PATCH = do_HEAD = do_OPTIONS = do_PUT
+
     server = _QuietServer((host, port), Handler)
     server.daemon_threads = True
+    threading.Thread(target=cache.run_warmups, name="slot-warmups", daemon=True).start()
     return server
 
 

@@ -17,12 +17,24 @@ from scripts import model_server
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_chat_reads_prompts_with_every_cpu_and_decodes_with_half():
+def test_chat_reads_prompts_with_every_cpu_and_decodes_with_every_cpu_while_compaction_yields():
     cpus = os.cpu_count() or 2
     chat = model_server.server_settings("chat", environ={})
-    assert chat["threads"] == max(1, cpus // 2)
+    assert chat["yield"] is True and chat["threads"] == cpus  # the compaction server is paused during turns
     assert chat["batch_threads"] == cpus
     assert chat["nice"] == 0
+    for off in ({"LOCAL_MODEL_YIELD": "off"}, {"LOCAL_MODEL_SLOT_FILES": "0"}):  # (yielding needs the proxy)
+        chat = model_server.server_settings("chat", environ=off)
+        assert chat["yield"] is False and chat["threads"] == max(1, cpus // 2)
+    assert model_server.server_settings("compaction", environ={})["yield"] is False
+    with pytest.raises(ValueError):
+        model_server.server_settings("chat", environ={"LOCAL_MODEL_YIELD": "maybe"})
+
+
+def test_both_servers_read_in_small_batches_so_a_cancel_stops_within_one():
+    for role in ("chat", "compaction"):
+        assert model_server.server_settings(role, environ={})["batch"] == 256
+    assert model_server.server_settings("chat", environ={"LOCAL_MODEL_BATCH": "64"})["batch"] == 64
 
 
 def test_compaction_reads_with_half_the_cpus_at_niceness_ten():

@@ -118,7 +118,7 @@ def test_a_request_without_a_key_never_finds_a_threads_text_and_is_never_saved(p
 
 def test_the_proxy_refuses_slot_paths_and_malformed_keys(proxied):
     url, _cache, standin = proxied
-    assert post(url + "/slots/0?action=restore", {"filename": "base.bin"})[0] == 403
+    assert post(url + "/slots/0?action=restore", {"filename": "base.bin"})[0] == 404
     assert post(url + "/v1/chat/completions", {"messages": []}, key="thread-1")[0] == 400
     assert post(url + "/v1/chat/completions", {"messages": []}, key="A" * 64)[0] == 400
     assert [r.path for r in standin.requests if r.path.startswith("/slots") or "chat" in r.path] == []

@@ -252,9 +252,11 @@ class CompactionWarmup:
         warmup: the process's ``PromptWarmup``.
         turn_in_flight: True while a turn of this socket is in flight.
 
-    Skipped (nothing sent) when ``PROMPT_WARMUP`` is off for this deployment, while a turn of this socket
-    is in flight or any turn of this process streams (a warm-up must not delay it: the bundled server has
-    one slot), or when the thread cannot be read.  Runs in its own thread; never raises, never writes.
+    Skipped (nothing sent) when ``PROMPT_WARMUP`` is off for this deployment, or when the thread cannot be
+    read; with a server other than the bundled chat server's proxy also while a turn of this socket is in flight
+    or any turn of this process streams (a warm-up must not delay it: such a server has one slot).  The proxy
+    queues a warm-up and lets every turn preempt it (``PromptWarmup.queued``): nothing waits behind it.  Runs in
+    its own thread; never raises, never writes.
     """
 
     def __init__(self, services: Services, thread_id: str, warmup: PromptWarmup, turn_in_flight: Callable[[], bool]):
@@ -274,6 +276,8 @@ class CompactionWarmup:
         self.thread.start()
 
     def _busy(self) -> bool:
+        if self.warmup.queued(self.thread_id):
+            return False
         return self.turn_in_flight() or self.services.llm.streams_in_flight > 0
 
     def prefix(self) -> list[dict] | None:
