@@ -5,7 +5,8 @@ Each conversation is a person's turns the project did not write: LoCoMo (English
 conversation) and KdConv (Chinese; every message of consecutive dialogues of one domain, until ``--turns``), read
 from ``--data`` at run time and never stored.  A fresh random seed per run (printed; ``--seed`` repeats a run)
 picks the conversations.  Three facts are planted in turns 2-4 of each conversation (in its language) and asked for
-in its last turns.
+in the middle of it (from turn ``turns // 2``; by then the planted turns were folded into the record and the
+archive), and the conversation goes on after them.
 
 Each conversation runs once per configuration, one after the other, against the real bundled model (llama.cpp's
 server from ``scripts/model_server.py``, started here on a free port unless ``--url`` names one):
@@ -161,7 +162,7 @@ def copies(text: str, earlier: list[str]) -> bool:
 
 def conversations(data: Path, rng: random.Random, count: int, turns: int) -> list[tuple[str, str, list[str]]]:
     """``[(name, language, person turns)]``: alternately LoCoMo (English) and KdConv (Chinese), ``turns`` each,
-    with the planted facts in turns 2-4 and their questions last."""
+    with the planted facts in turns 2-4 and their questions from turn ``turns // 2`` on."""
     locomo = _read_json(data / LOCOMO_FILE)
     kdconv = _read_json(data / KDCONV_FILE)
     plain = turns - 2 * len(PLANTED["en"])
@@ -183,7 +184,9 @@ def conversations(data: Path, rng: random.Random, count: int, turns: int) -> lis
             texts = [t for t in texts if t][:plain]
             name, lang = f"kdconv-{domain_name}-{taken[0]}..{taken[-1]}", "zh"
         planted = PLANTED[lang]
-        texts = texts[:1] + [p[0] for p in planted] + texts[1:] + [p[1] for p in planted]
+        middle = turns // 2 - 1 - len(planted)
+        texts = (texts[:1] + [p[0] for p in planted] + texts[1:1 + middle] + [p[1] for p in planted]
+                 + texts[1 + middle:])
         out.append((name, lang, texts))
     return out
 
@@ -237,10 +240,14 @@ def fold(state: ThreadState, archive: ArchiveIndex, settings: Settings, counter)
 
 
 def run_conversation(url: str, config: Config, name: str, lang: str, texts: list[str], seed: int,
-                     settings: Settings, counter) -> None:
+                     settings: Settings, counter, until: float = float("inf")) -> None:
+    """Run one conversation with ``config``; no turn starts after ``until`` (``time.monotonic()``)."""
     state, archive = ThreadState(), ArchiveIndex()
     earlier: list[str] = []
     for number, text in enumerate(texts, 1):
+        if time.monotonic() > until:
+            print(f"  {config.name} {name}: time share spent, {number - 1} of {len(texts)} turns run", flush=True)
+            return
         share = settings.recall_share_cap
         if settings.recall_asks_only and not asks_something(text):
             share = 0.0
@@ -324,6 +331,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--url", default=None, help="a running bundled chat server (default: start one)")
     parser.add_argument("--only", choices=("baseline", "product"), default=None)
+    parser.add_argument("--budget-minutes", type=float, default=0.0,
+                        help="stop starting turns after this long; each conversation x configuration not yet run "
+                             "gets an equal share of what is left (0: no limit); the tables count the answers")
     args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 10**6)
     rng = random.Random(seed)
@@ -343,10 +353,12 @@ def main(argv: list[str] | None = None) -> int:
         log = Path(tempfile.mkdtemp(prefix="bench-answers-")) / "model.log"
         proc, url = start_server(log)
         print(f"model server: {url} (log {log})", flush=True)
+    deadline = time.monotonic() + args.budget_minutes * 60 if args.budget_minutes else float("inf")
+    runs = [(config, conv) for config in configs for conv in convs]  # the product's runs first: they are short
     try:
-        for name, lang, texts in convs:
-            for config in configs:
-                run_conversation(url, config, name, lang, texts, seed, product, counter)
+        for i, (config, (name, lang, texts)) in enumerate(runs):
+            share = (deadline - time.monotonic()) / (len(runs) - i)
+            run_conversation(url, config, name, lang, texts, seed, product, counter, time.monotonic() + share)
             print(table(configs), flush=True)
     finally:
         if proc is not None:
