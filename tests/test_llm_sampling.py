@@ -22,11 +22,12 @@ def test_hosted_provider_gets_only_max_tokens_of_the_reserved_output():
 def test_bundled_model_gets_the_short_cap_and_llama_cpp_repetition_samplers():
     options = answer_options(Settings(bundled_model=True))
     assert options == {"max_tokens": BUNDLED_ANSWER_MAX_TOKENS, "dry_multiplier": 0.8, "dry_base": 1.75,
-                       "dry_allowed_length": 3, "dry_penalty_last_n": 8192, "repeat_penalty": 1.1,
-                       "repeat_last_n": 256, "presence_penalty": 0.3, "frequency_penalty": 0.3}
+                       "dry_allowed_length": 5, "dry_penalty_last_n": 224, "repeat_penalty": 1.0,
+                       "presence_penalty": 0.0, "frequency_penalty": 0.0}
     assert BUNDLED_ANSWER_MAX_TOKENS == 224
     assert set(BUNDLED_SAMPLERS) < set(options)
-    assert answer_options(Settings(bundled_model=True, model_context_tokens=4096))["dry_penalty_last_n"] == 4096
+    # DRY looks back over as many tokens as an answer may take
+    assert answer_options(Settings(bundled_model=True, answer_max_tokens_setting=300))["dry_penalty_last_n"] == 300
 
 
 def test_answer_max_tokens_setting_wins_and_never_exceeds_reserved_output():
