@@ -331,6 +331,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--url", default=None, help="a running bundled chat server (default: start one)")
     parser.add_argument("--only", choices=("baseline", "product"), default=None)
+    parser.add_argument("--out", type=Path, default=None,
+                        help="also write every answer with its figures to this JSON file (outside the repository: "
+                             "it quotes the data set's turns)")
     parser.add_argument("--budget-minutes", type=float, default=0.0,
                         help="stop starting turns after this long; each conversation x configuration not yet run "
                              "gets an equal share of what is left (0: no limit); the tables count the answers")
@@ -364,6 +367,9 @@ def main(argv: list[str] | None = None) -> int:
         if proc is not None:
             proc.send_signal(signal.SIGTERM)
             proc.wait(60)
+    if args.out:
+        args.out.write_text(json.dumps({c.name: [vars(a) for a in c.answers] for c in configs}, ensure_ascii=False,
+                                       indent=1))
     print(f"\nbench.answers (seed {seed}; load average {os.getloadavg()[0]:.1f}; "
           f"answers {product.answer_max_tokens} tokens at most in product, 1024 in baseline)")
     print(table(configs))
