@@ -8,6 +8,7 @@ import pytest
 import tiktoken
 
 from app.memory.context import (
+    ANSWER_SHORTENED_MARK,
     NOTES_TITLE,
     PINS_HEADER,
     RECORD_FOOTER,
@@ -16,6 +17,7 @@ from app.memory.context import (
     assemble_context,
     format_pins,
     format_summary,
+    shorten_answer,
 )
 from app.memory.migration import read_record
 from app.memory.record import HEADER as RECORD_LINES_HEADER
@@ -345,3 +347,80 @@ def test_a_correction_changes_the_record_message_only_from_the_replaced_line_on(
     old, new = _record_message(before), _record_message(after)
     common = os.path.commonprefix([old, new])
     assert "- Person (turn 1): I am Lin Wei.\n" in common and "Friday" not in common
+
+
+# -- the system prompt and the bounded answers of the verbatim window ------------------------------
+
+def test_deployment_system_prompt_is_the_first_message_of_the_assembled_prompt():
+    from app.settings import DEFAULT_SYSTEM_PROMPT
+
+    ctx = assemble_context(state(2, summary="The user likes tea."), "What do I like?",
+                           system_prompt=DEFAULT_SYSTEM_PROMPT, counter=TokenCounter(), context_tokens=8192,
+                           reserved_output_tokens=1024)
+    assert ctx.to_openai()[0] == {"role": "system", "content": DEFAULT_SYSTEM_PROMPT}
+    assert [m.origin for m in ctx.messages].count("system") == 1
+    assert ctx.sections["system"] == cost("system", DEFAULT_SYSTEM_PROMPT)
+
+
+LONG_ANSWER = "Paris is the capital of France. It sits on the Seine. " * 6 + "The end."
+
+
+def test_shorten_answer_keeps_a_short_answer_and_cuts_a_long_one_after_a_sentence():
+    counter = TokenCounter()
+    assert shorten_answer("Short answer.", 40, counter) == "Short answer."
+    assert shorten_answer(LONG_ANSWER, 0, counter) == LONG_ANSWER  # 0: no limit
+    shortened = shorten_answer(LONG_ANSWER, 40, counter)
+    assert shortened == ("Paris is the capital of France. It sits on the Seine. Paris is the capital of France. "
+                         "It sits on the Seine. Paris is the capital of France." + ANSWER_SHORTENED_MARK)
+    assert len(REFERENCE.encode_ordinary(shortened)) <= 40
+    chinese = "巴黎是法国的首都。它位于塞纳河畔。" * 8
+    assert shorten_answer(chinese, 40, counter) == "巴黎是法国的首都。它位于塞纳河畔。巴黎是法国的首都。" + ANSWER_SHORTENED_MARK
+    # the same text from a fresh counter (no cached counts): a pure function of the answer
+    assert shorten_answer(LONG_ANSWER, 40, TokenCounter()) == shortened
+
+
+def _thread(n: int) -> ThreadState:
+    msgs = []
+    for i in range(1, n + 1):
+        msgs.append(message(f"u{i}", "user", f"Question {i}: " + LONG_ANSWER))
+        msgs.append(message(f"a{i}", "assistant", f"Answer {i}. " + LONG_ANSWER))
+    return ThreadState(messages=tuple(msgs))
+
+
+def test_earlier_answers_are_shown_shortened_and_the_persons_messages_whole():
+    ctx = assemble_context(_thread(2), "And now?", system_prompt=SYSTEM, counter=TokenCounter(),
+                           context_tokens=8192, reserved_output_tokens=1024, answer_max_tokens=40)
+    recent = [m for m in ctx.messages if m.origin == "recent"]
+    assert [m.content for m in recent if m.role == "user"] == ["Question 1: " + LONG_ANSWER,
+                                                               "Question 2: " + LONG_ANSWER]
+    assert [m.content for m in recent if m.role == "assistant"] == [
+        shorten_answer(f"Answer {i}. " + LONG_ANSWER, 40, TokenCounter()) for i in (1, 2)]
+    assert all(m.content.endswith(ANSWER_SHORTENED_MARK) for m in recent if m.role == "assistant")
+    assert all(len(REFERENCE.encode_ordinary(m.content)) <= 40 for m in recent if m.role == "assistant")
+    assert [m.ref for m in recent] == ["u1", "a1", "u2", "a2"]  # the stored message each one shows
+    whole = assemble_context(_thread(2), "And now?", system_prompt=SYSTEM, counter=TokenCounter(),
+                             context_tokens=8192, reserved_output_tokens=1024)
+    assert ctx.prompt_tokens < whole.prompt_tokens
+    assert ctx.prompt_tokens == sum(ctx.sections.values()) == sum(m.tokens for m in ctx.messages) + REPLY_PRIMING
+
+
+def test_the_shortened_prompt_is_the_previous_one_plus_the_new_turn():
+    first = assemble_context(_thread(2), "Question 3", system_prompt=SYSTEM, counter=TokenCounter(),
+                             context_tokens=8192, reserved_output_tokens=1024, answer_max_tokens=40)
+    second = assemble_context(_thread(3), "Question 4", system_prompt=SYSTEM, counter=TokenCounter(),
+                              context_tokens=8192, reserved_output_tokens=1024, answer_max_tokens=40)
+    before = [m.to_openai() for m in first.prefix]
+    assert [m.to_openai() for m in second.prefix][:len(before)] == before
+    assert len(second.prefix) == len(first.prefix) + 2
+
+
+def test_shortened_answers_keep_the_budget_and_fit_more_turns():
+    # 6 turns of about 250 tokens each; the budget holds 3 of them whole, all 6 with answers shortened.
+    st = _thread(6)
+    kwargs = dict(system_prompt=SYSTEM, context_tokens=1024 + 800, reserved_output_tokens=1024)
+    whole = assemble_context(st, "next", counter=TokenCounter(), **kwargs)
+    short = assemble_context(st, "next", counter=TokenCounter(), answer_max_tokens=40, **kwargs)
+    for ctx in (whole, short):
+        assert ctx.prompt_tokens <= ctx.budget == 800
+        assert ctx.prompt_tokens == sum(cost(m.role, m.content) for m in ctx.messages) + REPLY_PRIMING
+    assert short.dropped_turns < whole.dropped_turns

@@ -292,7 +292,8 @@ class CompactionWarmup:
             context = off_the_event_loop(lambda: assemble_context(
                 state, "", system_prompt=settings.system_prompt, counter=self.services.counter,
                 context_tokens=settings.model_context_tokens, reserved_output_tokens=settings.reserved_output_tokens,
-                archive=archive, recall_share=0.0, fold_step=settings.fold_step))
+                archive=archive, recall_share=0.0, fold_step=settings.fold_step,
+                answer_max_tokens=settings.prompt_answer_max_tokens))
         except (StoreUnavailable, CorruptState, ContextTooLong) as exc:
             log.info("prompt warm-up of %s skipped: %s", self.thread_id[:13], type(exc).__name__)
             return None

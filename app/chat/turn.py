@@ -305,7 +305,8 @@ class Turn(TurnIO):
             context = off_the_event_loop(lambda: assemble_context(
                 self.state, self.text, system_prompt=settings.system_prompt, counter=self.services.counter,
                 context_tokens=settings.model_context_tokens, reserved_output_tokens=settings.reserved_output_tokens,
-                archive=self.archive, recall_share=self.recall_share(), fold_step=settings.fold_step))
+                archive=self.archive, recall_share=self.recall_share(), fold_step=settings.fold_step,
+                answer_max_tokens=settings.prompt_answer_max_tokens))
         except ContextTooLong:
             self.services.counter.forget(self.text)  # a refused input is never cached
             raise

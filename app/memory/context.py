@@ -31,6 +31,11 @@ waits, so between two checkpoints a fold leaves the prompt's beginning unchanged
 previous one with the newest turn appended.  When such a turn is missing from the archive, or the verbatim
 turns would not fit the budget, the whole record is rendered as with N = 1.
 
+With ``answer_max_tokens`` N > 0 (``MEMORY_PROMPT_ANSWER_MAX_TOKENS``; 96 with the bundled model) each earlier
+answer in the prompt (recent and held-back turns) longer than N tokens is shown as its beginning and `` […]``
+(``shorten_answer``), a deterministic function of the answer, so the prompt stays the same text from turn to turn;
+the stored turn and the archive keep every word.  A fold's rebuilt prompt is then cheap to read.
+
 Stable parts come first (docs/contract.md: Model context for a turn): everything up to
 the end of the recent turns (``AssembledContext.prefix``) is the same text from one turn
 to the next until a compaction changes it, and a fold changes it only from the end of the
@@ -63,6 +68,9 @@ RANGE_FORMAT = "(turns {first}–{last} of this conversation)"
 SUMMARY_HEADER = RECORD_HEADER  # what a summary message starts with
 PINS_HEADER = "Decisions the person pinned (keep to these):\n"
 SHORTENED_MARK = " …"
+ANSWER_SHORTENED_MARK = " […]"
+"""Ends an earlier answer that the prompt shows shortened (``shorten_answer``)."""
+_BREAKS = ("\n", ". ", "! ", "? ", "。", "！", "？", "; ", "；")
 
 
 class ContextTooLong(ValueError):
@@ -190,6 +198,36 @@ def format_pins(pins: list[str]) -> str:
     return PINS_HEADER + "\n".join(f"{i}. {text}" for i, text in enumerate(pins, 1))
 
 
+def shorten_answer(text: str, max_tokens: int, counter: TokenCounter) -> str:
+    """An earlier answer as a prompt shows it (``MEMORY_PROMPT_ANSWER_MAX_TOKENS``; docs/contract.md: Model context
+    for a turn): ``text`` itself when it has at most ``max_tokens`` tokens (or ``max_tokens`` is 0), else its
+    beginning, cut after the last line or sentence end (else word break) in the cut's last third, then
+    ``ANSWER_SHORTENED_MARK``; the whole, mark included, costs at most ``max_tokens`` tokens.
+
+    A pure function of ``(text, max_tokens, the counter's encoding)``: the same answer is shown the same way in
+    every prompt, so a cached prompt prefix stays valid from turn to turn.  Never splits a character.
+    """
+    if max_tokens <= 0 or counter.count(text) <= max_tokens:
+        return text
+    room = max_tokens - counter.count(ANSWER_SHORTENED_MARK)
+    low, high = 0, len(text)
+    while low < high:  # the longest beginning of at most ``room`` tokens
+        mid = (low + high + 1) // 2
+        if counter.count(text[:mid]) <= room:
+            low = mid
+        else:
+            high = mid - 1
+    cut = text[:low]
+    floor = (2 * len(cut)) // 3
+    ends = [cut.rfind(b, floor) + len(b) for b in _BREAKS if cut.rfind(b, floor) >= 0]
+    if not ends:
+        space = max(cut.rfind(" ", floor), cut.rfind("\t", floor))
+        ends = [space] if space > 0 else []
+    if ends:
+        cut = cut[:max(ends)]
+    return cut.rstrip() + ANSWER_SHORTENED_MARK
+
+
 def held_back(record: Record, archive: ArchiveIndex | None, fold_step: int) -> tuple[Record, list[ArchivedTurn]]:
     """The record as a prompt shows it with ``fold_step`` (see the module docstring), and the folded turns shown
     verbatim after it, oldest first: ``(record up to the checkpoint, turns checkpoint+1 .. record.last_turn)``.
@@ -227,6 +265,7 @@ def assemble_context(
     archive: ArchiveIndex | None = None,
     recall_share: float = RECALL_SHARE,
     fold_step: int = 1,
+    answer_max_tokens: int = 0,
 ) -> AssembledContext:
     """Build the prompt for a new user text from the server's ThreadState.
 
@@ -241,6 +280,8 @@ def assemble_context(
         recall_share: share of the budget recalled excerpts may use (``MEMORY_RECALL_SHARE``; 0: none).
         fold_step: folded turns enter the prompt's record this many at a time (``MEMORY_PROMPT_FOLD_STEP``;
             the module docstring); needs ``archive``.
+        answer_max_tokens: each earlier answer (an assistant message of the recent or held-back turns) is shown
+            as ``shorten_answer(text, answer_max_tokens)`` (``MEMORY_PROMPT_ANSWER_MAX_TOKENS``; 0: in full).
 
     Returns:
         The assembled context with per-section token counts.
@@ -253,20 +294,24 @@ def assemble_context(
     if verbatim:
         try:
             return _assemble(state, record, verbatim, user_text, system_prompt, counter, budget, archive,
-                             recall_share, strict=True)
+                             recall_share, answer_max_tokens, strict=True)
         except ContextTooLong:
             pass  # the verbatim turns do not fit: the whole record, as with fold_step 1
-    return _assemble(state, state.record, [], user_text, system_prompt, counter, budget, archive, recall_share)
+    return _assemble(state, state.record, [], user_text, system_prompt, counter, budget, archive, recall_share,
+                     answer_max_tokens)
 
 
 def _assemble(state: ThreadState, record: Record, verbatim: list[ArchivedTurn], user_text: str, system_prompt: str,
-              counter: TokenCounter, budget: int, archive: ArchiveIndex | None, recall_share: float, *,
-              strict: bool = False) -> AssembledContext:
+              counter: TokenCounter, budget: int, archive: ArchiveIndex | None, recall_share: float,
+              answer_max_tokens: int = 0, *, strict: bool = False) -> AssembledContext:
     """``assemble_context`` with the record shown and the folded turns shown verbatim before the recent ones;
     ``strict``: raise ContextTooLong rather than leave out any turn or shorten the record."""
 
     def make(role: str, content: str, origin: str, ref: str | None = None) -> PromptMessage:
         return PromptMessage(role, content, origin, counter.message(role, content), ref)
+
+    def shown(role: str, text: str) -> str:
+        return shorten_answer(text, answer_max_tokens, counter) if role == "assistant" else text
 
     head = [make("system", system_prompt, "system")]
     if record.lines or state.notes:
@@ -276,8 +321,8 @@ def _assemble(state: ThreadState, record: Record, verbatim: list[ArchivedTurn], 
     tail = make("user", user_text, "input")
     fixed = sum(m.tokens for m in head) + tail.tokens + REPLY_PRIMING
 
-    turns = [[make(m.role, m.text, "recent", m.id) for m in turn.messages] for turn in verbatim]
-    turns += [[make(m.role, m.text, "recent", m.id) for m in turn] for turn in state.turns()]
+    turns = [[make(m.role, shown(m.role, m.text), "recent", m.id) for m in turn.messages] for turn in verbatim]
+    turns += [[make(m.role, shown(m.role, m.text), "recent", m.id) for m in turn] for turn in state.turns()]
     turn_costs = [sum(m.tokens for m in turn) for turn in turns]
     # A turn without its user message (never written by this project) is not sent.
     keep_from = next((i for i, t in enumerate(turns) if t[0].role == "user"), len(turns))
