@@ -262,7 +262,7 @@ def run_conversation(url: str, config: Config, name: str, lang: str, texts: list
         prompt_text = "\n".join(m["content"] for m in messages[:-1])
         config.answers.append(Answer(name, answer_text, tokens, first, end, has_loop(answer_text),
                                      copies(answer_text, earlier), expected,
-                                     bool(expected) and expected in prompt_text))
+                                     expected is not None and expected in prompt_text))
         earlier.append(answer_text)
         print(f"  {config.name} {name} turn {number}: {tokens} tokens, {end:.1f} s"
               f"{' LOOP' if config.answers[-1].loop else ''}{' COPY' if config.answers[-1].copy else ''}"
@@ -288,7 +288,7 @@ def table(configs: list[Config]) -> str:
 
         def by(lang_prefix):
             items = [x for x in asked if x.conversation.startswith(lang_prefix)]
-            return share([x.expected in x.text for x in items])
+            return share([(x.expected or "") in x.text for x in items])
 
         rows.append([c.name, str(len(a)), f"{pct([x.tokens for x in a], .5):.0f}", f"{pct([x.tokens for x in a], .95):.0f}",
                      f"{pct([x.first for x in a], .5):.1f}", f"{pct([x.end for x in a], .5):.1f}",

@@ -48,6 +48,7 @@ WORDS = ("harbour lantern orchard violin granite meadow ledger copper thistle ca
 def start(role: str, port: int, env: dict) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "scripts/model_server.py", "--role", role, "--port", str(port)],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
     for line in proc.stdout:
         if f"ready at http://127.0.0.1:{port}/v1" in line:
             threading.Thread(target=proc.stdout.read, daemon=True).start()

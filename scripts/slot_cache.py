@@ -61,6 +61,7 @@ import shutil
 import socket
 import tempfile
 import threading
+from typing import Any
 import urllib.parse
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -114,7 +115,7 @@ class SlotCache:
     base_digest: str | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
     events: list = field(default_factory=list)
-    pauser: object | None = None  # begin()/end() around each turn: the compaction server yields (cpu_yield.Pauser)
+    pauser: Any = None  # begin()/end() around each turn: the compaction server yields (cpu_yield.Pauser)
     cond: threading.Condition = field(default_factory=threading.Condition)  # guards the warm-up fields below
     pending: dict = field(default_factory=dict)  # key -> request body of the warm-ups not started, oldest first
     warming: dict | None = None  # the running warm-up: {"key", "conn", "by"} ("by": the preempting key, or "")

@@ -203,7 +203,7 @@ def test_inspector_shows_what_the_model_saw_for_the_last_turn(chat, fake_llm, st
                                                        "recent", "recent", "input"]
     assert [m["tokens"] for m in data["messages"]] == [count_message(m) for m in received]
     assert data["messages"][0]["text"] == app_settings.system_prompt
-    assert "note" not in json.dumps(data)
+    assert not [m for m in data["messages"] if "note" in m]
     assert find_forbidden_key(data) is None
 
 
@@ -376,3 +376,27 @@ def test_inspector_shows_what_the_model_saw_after_that_turns_fold(make_live_app,
     assert [(m["text"], m.get("note")) for m in inspector] == [(t, None) for t in received]
     assert [m["origin"] for m in inspector] == ["system", "summary", "folded", "folded", "recent", "recent",
                                                 "recall", "input"]
+
+
+def test_inspector_shows_an_earlier_answer_as_the_prompt_shortened_it(make_live_app, app_settings, fake_llm):
+    """With ``MEMORY_PROMPT_ANSWER_MAX_TOKENS`` an earlier answer reaches the prompt shortened (docs/contract.md:
+    Model context for a turn); the inspector shows that text, not a note that it changed."""
+    from app.memory.context import ANSWER_SHORTENED_MARK
+
+    server = make_live_app(app_settings.with_overrides(prompt_answer_max_tokens_setting=24))
+    client = ChatClient(server).connect()
+    try:
+        long_answer = " ".join(f"Sentence {i} says something about the weather in Lisbon." for i in range(20))
+        fake_llm.default = Reply(text=long_answer)
+        assert client.turn("Tell me about Lisbon.")[-1]["status"] == "completed"
+        fake_llm.default = Reply(text="Short.")
+        assert client.turn("And in one word?")[-1]["status"] == "completed"
+        received = [(m["role"], m["content"]) for m in fake_llm.last_request().messages]
+        shortened = [text for role, text in received if role == "assistant"]
+        assert len(shortened) == 1 and shortened[0].endswith(ANSWER_SHORTENED_MARK)
+        assert long_answer.startswith(shortened[0][: -len(ANSWER_SHORTENED_MARK)])
+        inspector = get(client, "/api/chat/inspector").json()["messages"]
+        assert [(m["role"], m["text"]) for m in inspector] == received
+        assert not [m for m in inspector if m.get("note")]
+    finally:
+        client.close()

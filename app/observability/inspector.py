@@ -23,6 +23,8 @@ kept (a failed or cancelled turn's input is not written).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from dataclasses import replace
 
 from app.memory.context import format_pins, format_summary
@@ -89,7 +91,7 @@ def _recalled(record: dict, entry: dict, held: list[str], query: str | None, sta
 
 
 def resolve_prompt(record: dict, state: ThreadState, system_prompt: str, archive: ArchiveIndex | None = None,
-                   counter=None) -> list[dict]:
+                   counter=None, shown: Callable[[str], str] | None = None) -> list[dict]:
     """The prompt of ``record`` as ``[{"origin", "role", "tokens", "text": str|None, "note"?}]``.
 
     Args:
@@ -99,6 +101,8 @@ def resolve_prompt(record: dict, state: ThreadState, system_prompt: str, archive
         archive: the thread's archive of folded turns (``app.store.archive.load_turn_memory``); None: a message
             folded since the turn, and the recalled excerpts, are not shown.
         counter: the model's token counter (needed to rebuild the recalled excerpts).
+        shown: how an earlier answer was shown in the prompt (``app.memory.context.shorten_answer`` with the
+            deployment's ``MEMORY_PROMPT_ANSWER_MAX_TOKENS``); None: answers were shown whole.
     """
     by_id = {m.id: m for m in state.messages}
     if archive is not None:
@@ -108,14 +112,21 @@ def resolve_prompt(record: dict, state: ThreadState, system_prompt: str, archive
     written = writes_memory(record.get("status"))
     prompt = [e for e in record.get("prompt") or [] if isinstance(e, dict)]
     out = []
-    texts: dict[int, str] = {}
+    texts: dict[int, str] = {}  # the text as the model saw it
+    full: dict[int, str] = {}  # the message's whole text
     for i, entry in enumerate(prompt):
         origin = entry.get("origin")
         if origin in ("system", "summary", "pins", "recall"):
             continue
         message = by_id.get(entry.get("ref") or "")
-        if message is not None and _matches(entry, message.text):
-            texts[i] = message.text
+        if message is None:
+            continue
+        seen = [message.text]
+        if shown is not None and message.role == "assistant" and origin in ("recent", "folded"):
+            seen.append(shown(message.text))
+        match = next((text for text in seen if _matches(entry, text)), None)
+        if match is not None:
+            texts[i], full[i] = match, message.text
     query = next((texts.get(i) for i, e in enumerate(prompt) if e.get("origin") == "input"), None)
     for i, entry in enumerate(prompt):
         origin = entry.get("origin")
@@ -128,7 +139,7 @@ def resolve_prompt(record: dict, state: ThreadState, system_prompt: str, archive
         elif origin == "pins":
             candidates, note = ([format_pins(state.pinned_decisions)] if state.pins else []), NOTE_CHANGED
         elif origin == "recall":
-            held = [t for j, t in texts.items() if prompt[j].get("origin") in ("recent", "folded")]
+            held = [t for j, t in full.items() if prompt[j].get("origin") in ("recent", "folded")]
             text, note = _recalled(record, entry, held, query, state, archive, counter)
             candidates = [text] if text is not None else []
         else:  # recent, folded, input

@@ -491,7 +491,7 @@ class ThreadStore:
         try:
             version, repaired = self._write(self._clear, keys.ttl_keys() + keys.markers(), [self.ttl])
         except Unsettled as exc:
-            return self._settle_clear(thread_id, before, exc)
+            return self._settle_clear(thread_id, before if isinstance(before, str) or before is None else str(before), exc)
         if repaired:
             log.warning("clear repaired the corrupt thread %s", thread_id[:13])
         return int(version)

@@ -33,7 +33,7 @@ from app.extensions import services
 from app.identity import current_thread_id
 from app.llm.cache_key import drop_thread_cache
 from app.chat.turn import off_the_event_loop
-from app.memory.forget import PHRASE_MAX_CHARS, Quoting, contains_phrase, plan_forget
+from app.memory.forget import Quoting, contains_phrase, plan_forget
 from app.memory.state import utc_now_iso
 from app.observability import accounting
 from app.store import archive as archive_store

@@ -10,6 +10,7 @@ from flask import Blueprint
 from app.extensions import services
 from app.identity import current_thread_id
 from app.observability import accounting, metrics
+from app.memory.context import shorten_answer
 from app.observability.inspector import resolve_prompt
 from app.store.archive import load_turn_memory
 from app.store.thread_store import CorruptState, StoreUnavailable
@@ -61,5 +62,7 @@ def get_inspector():
         return guarded_json({"turn": None, "messages": []})
     record = records[-1]
     turn = {k: record.get(k) for k in ("messageId", "status", "at", "promptTokens", "budget")}
-    messages = resolve_prompt(record, state, svc.settings.system_prompt, archive, svc.counter)
+    limit = svc.settings.prompt_answer_max_tokens
+    shown = (lambda text: shorten_answer(text, limit, svc.counter)) if limit else None
+    messages = resolve_prompt(record, state, svc.settings.system_prompt, archive, svc.counter, shown=shown)
     return guarded_json({"turn": turn, "messages": messages})
