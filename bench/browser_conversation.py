@@ -63,11 +63,7 @@ TARGET_FIRST_MAX = 6.0
 TARGET_END_P95 = 20.0
 CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run"]  # as tests/fixtures/streamed_chat.py launches it
-try:  # the browser tests' own flags when their module imports here
-    from tests.fixtures.streamed_chat import CHROMIUM_ARGS  # type: ignore[no-redef]  # noqa: E402
-except Exception:  # noqa: BLE001 - pytest missing: the copy above
-    pass
+                 "--disable-sync", "--no-first-run"]  # the flags the browser tests launch it with
 
 # Installed into every page before its scripts: records the turn's times from the page's own clock.
 RECORDER = r"""

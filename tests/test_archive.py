@@ -215,7 +215,7 @@ def test_a_turn_over_the_socket_recalls_a_folded_turn_into_the_prompt(chat, fake
     frames = chat.turn("Who is allergic to peanuts?")
     assert frames[-1]["status"] == "completed"
     prompt = fake_llm.last_request().messages
-    [recalled] = [m["content"] for m in prompt if m["role"] == "system" and "<recalled>" in m["content"]]
+    [recalled] = [m["content"] for m in prompt[1:] if m["role"] == "system" and "<recalled>" in m["content"]]
     assert "- Person (turn 7): My sister Ana is allergic to peanuts, remember it." in recalled
     # after the recent turn (the prompt's stable prefix), right before the new text
     assert [m["content"] for m in prompt].index(recalled) == len(prompt) - 2

@@ -75,7 +75,7 @@ def test_with_recall_on_asks_a_statement_turn_recalls_nothing_and_a_question_rec
         fake_llm.default = Reply(text="Noted.")
 
         def recalled() -> list[str]:
-            return [m["content"] for m in fake_llm.last_request().messages
+            return [m["content"] for m in fake_llm.last_request().messages[1:]  # after the system prompt
                     if m["role"] == "system" and "<recalled>" in m["content"]]
 
         assert chat.turn("Ana's peanut allergy got worse this winter.")[-1]["status"] == "completed"

@@ -557,8 +557,8 @@ def test_a_new_task_list_replaces_the_waiting_one(chat, fake_llm, redis_client):
 def test_tool_results_are_cut_to_the_room_left_in_the_context(make_live_app, app_settings, fake_llm):
     from app.runtime.budget import TRUNCATED
 
-    # 450 tokens of prompt budget: system prompt (~50) + tool definitions (~240) leave too little for the document
-    server = make_live_app(app_settings.with_overrides(model_context_tokens=550, reserved_output_tokens=100))
+    # 550 tokens of prompt budget: system prompt (~110) + tool definitions (~240) leave too little for the document
+    server = make_live_app(app_settings.with_overrides(model_context_tokens=650, reserved_output_tokens=100))
     client = ChatClient(server).connect()
     try:
         fake_llm.add_rule(Reply(tool_calls=[{"id": "r1", "name": "read_resource",
