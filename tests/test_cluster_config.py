@@ -69,10 +69,11 @@ def test_the_rabbitmq_configuration_keeps_every_delivery_guarantee():
     assert "task_queues" not in redis_conf
     assert amqp_conf["broker_url"] == "amqp://u:p@mq:5672/chat"
     assert amqp_conf["broker_transport_options"] == {"confirm_publish": True}  # no visibility timeout
-    [queue] = amqp_conf["task_queues"]
-    assert (queue.name, queue.durable, queue.queue_arguments) == ("compaction", True, {"x-queue-type": "quorum"})
-    assert (queue.exchange.name, queue.exchange.type, queue.exchange.durable, queue.routing_key) == (
-        "compaction", "topic", True, "compaction")
+    # folds and refinements each on their own durable quorum queue (README: Deployment, the refiner process)
+    assert [(q.name, q.durable, q.queue_arguments) for q in amqp_conf["task_queues"]] == [
+        ("compaction", True, {"x-queue-type": "quorum"}), ("refine", True, {"x-queue-type": "quorum"})]
+    assert [(q.exchange.name, q.exchange.type, q.exchange.durable, q.routing_key) for q in amqp_conf["task_queues"]] == [
+        ("compaction", "topic", True, "compaction"), ("refine", "topic", True, "refine")]
 
 
 # ------------------------------------------------------------------------------ against real servers

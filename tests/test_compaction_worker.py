@@ -116,7 +116,7 @@ def test_the_worker_folds_the_oldest_turns_publishes_and_records(compaction_rig,
     assert (state.summary, state.pins, state.notes) == (REFINED, (), ())  # "Keep answers short": not the person's
     assert (state.version, state.gen) == (before.version + 2, before.gen + 2)
     assert set(raw_hash(rig.client, tid)) == {"v", "gen", "messages", "summary", "notes", "lastCompactedAt", "ft", "ab",
-                                              "uf", "rf"}
+                                              "uf", "rf", "born"}
     # the folded turns are in the archive, numbered, as committed; the thread counts them
     archived = rig.client.zrange(ThreadKeys(tid).archive, 0, -1, withscores=True)
     assert [(json.loads(m)["n"], score) for m, score in archived] == [(1, 1.0), (2, 2.0)]
