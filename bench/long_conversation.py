@@ -562,7 +562,8 @@ def report(floor: list[Turn], convs: dict[str, list[Turn]], visitors: list[Turn]
         lines.append("")
         lines.append("(c) fresh visitors during another thread's background work (ratios to the floor)")
         if getattr(args, "warmups", None):
-            lines.append(f"  prompt warm-ups the web logged during (c): {args.warmups[0]} ({args.warmups[1]} failed)")
+            lines.append(f"  prompt warm-ups the web queued during (c): {args.warmups[0]}; the proxy read {args.warmups[1]}"
+                         f" whole, {args.warmups[2]} were preempted by a turn, {args.warmups[3]} failed")
         for label in ("c after a fold: warm-up", "c during a refinement"):
             sub = [t for t in visitors if t.phase == label]
             if not sub:
@@ -678,10 +679,13 @@ def main(argv: list[str] | None = None) -> int:
                 convs[name] = conversation(stack, name, list(scripts[name][0]), pauses[name], args)
         if "c" in phases:
             print("(c) fresh visitors during another thread's background work", flush=True)
-            before = stack.log("web")
+            before, model_before = stack.log("web"), stack.log("model")
             visitors = visitors_phase(stack, source, inputs, args)
-            logged = stack.log("web")[len(before):]
-            args.warmups = (logged.count("prompt warm-up"), logged.count("prompt warm-up") - logged.count(" read in "))
+            logged, model_logged = stack.log("web")[len(before):], stack.log("model")[len(model_before):]
+            # the web queues a warm-up with the slot proxy ("queued"), which logs how each one ended
+            args.warmups = (logged.count("prompt warm-up"), model_logged.count(" read whole: "),
+                            model_logged.count(" preempted by a turn of "), model_logged.count("warm-up") -
+                            model_logged.count(" read whole: ") - model_logged.count(" preempted by a turn of "))
         if "d" in phases:
             print("(d) fold latency while other threads' refinements run", flush=True)
             fold_turns, spans = folds_phase(stack, source, args)

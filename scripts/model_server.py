@@ -29,7 +29,7 @@ Server settings (``server_params``), each for a reason:
   request; ``n_cache_reuse`` (``LOCAL_MODEL_CACHE_REUSE``, default 256 tokens) also reuses later runs of at least
   that many equal tokens, shifted in place, so a turn after a compaction need not read its unchanged recent turns
   again.  The compaction server has no chunk reuse (each compaction prompt is new);
-- ``n_batch`` = ``n_ubatch``: ``LOCAL_MODEL_BATCH`` (default 256 tokens): llama.cpp checks for a cancelled request
+- ``n_batch`` = ``n_ubatch``: ``LOCAL_MODEL_BATCH`` (default 128 tokens): llama.cpp checks for a cancelled request
   between batches, so a request whose connection closes (a warm-up preempted by a turn) stops within one batch;
 - yielding (``LOCAL_MODEL_YIELD``, on by default; the chat server with its proxy): while a chat turn is in the
   proxy the compaction server's process is paused (``scripts/cpu_yield.py``: this supervisor writes the compaction
@@ -75,8 +75,9 @@ DEFAULT_HOST = local_model.DEFAULT_HOST
 CONTEXT_TOKENS = 8192  # default window, tokens
 COMPACTION_NICE = 10  # the compaction server's niceness: a chat turn's threads come first (LOCAL_COMPACTION_NICE)
 CACHE_REUSE_TOKENS = 256  # chat server: smallest run of equal tokens reused by shifting (LOCAL_MODEL_CACHE_REUSE)
-BATCH_TOKENS = 256  # n_batch = n_ubatch (LOCAL_MODEL_BATCH): a cancelled request stops within one batch (~0.4 s
-#                     here at ~150 prompt tokens/s on 2 cores; 2048, llama.cpp's default, read the whole prompt first)
+BATCH_TOKENS = 128  # n_batch = n_ubatch (LOCAL_MODEL_BATCH): a cancelled request stops within one batch (at most
+#                     ~0.9 s here at ~144 prompt tokens/s on 2 cores, 149 at 256 with up to 1.8 s; 2048, llama.cpp's
+#                     default, read the whole prompt first)
 MAX_CRASHES = 3  # crashes after a passed start check tolerated within CRASH_WINDOW (each restart is checked again)
 CRASH_WINDOW = 300.0  # seconds
 START_CHECK_TIMEOUT = 120.0  # seconds for the one-token completion (a cold page cache on a busy machine)

@@ -321,6 +321,10 @@ class SlotCache:
                     self.warmups.append({k: v for k, v in running.items() if k != "conn"})
                     del self.warmups[:-100]
                 by = running["by"]
+                how = "read whole" if ok else ("failed" if not by else "preempted by a turn of " + (
+                    "the same thread" if by == key else "another thread"))
+                print(f"slot cache proxy: warm-up {key[:8]} {how}: {max(0, running['read'] - (running['cache'] or 0))}"
+                      f" tokens read, {running['cache'] or 0} cached", flush=True)
                 if ok or not by:
                     self.finish(key, ok)
                     continue

@@ -33,7 +33,7 @@ def test_chat_reads_prompts_with_every_cpu_and_decodes_with_every_cpu_while_comp
 
 def test_both_servers_read_in_small_batches_so_a_cancel_stops_within_one():
     for role in ("chat", "compaction"):
-        assert model_server.server_settings(role, environ={})["batch"] == 256
+        assert model_server.server_settings(role, environ={})["batch"] == 128
     assert model_server.server_settings("chat", environ={"LOCAL_MODEL_BATCH": "64"})["batch"] == 64
 
 
