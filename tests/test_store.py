@@ -264,6 +264,18 @@ def test_compaction_that_read_before_a_clear_is_stale_and_writes_nothing(store, 
     assert store.load(tid).is_empty is True
 
 
+def test_history_of_work_that_read_before_a_clear_is_not_recorded_in_the_new_conversation(store, redis_client, tid):
+    commit_turns(store, tid, 3)
+    seen = store.load(tid)
+    entry = {"at": 1, "outcome": "stale", "reason": "generation", "step": "refine"}
+    assert store.record_compaction(tid, entry, 50, cleared=seen.cleared) is True  # not cleared: recorded
+    store.clear(tid)
+    commit_turns(store, tid, 1)  # the new conversation's first turn: the thread exists again
+    assert store.record_compaction(tid, entry, 50, cleared=seen.cleared) is False
+    assert redis_client.lrange(ThreadKeys(tid).compactions, 0, -1) == []
+    assert store.record_compaction(tid, entry, 50, cleared=store.load(tid).cleared) is True  # its own work is
+
+
 def test_clear_then_commit_starts_a_fresh_thread(store, tid):
     commit_turns(store, tid, 2)
     store.clear(tid)

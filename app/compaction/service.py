@@ -347,7 +347,8 @@ def run_compaction(services: Services, thread_id: str, seen_version: int, *, att
     log.info("fold of %s discarded: stale (%s); seen version %s, read version %s",
              short, committed.detail, seen_version, prepared.state.version)
     entry = _record(services, thread_id, Outcome.STALE, committed.detail,
-                    {"step": STEP_FOLD, "attempt": attempt, "durationMs": int((time.monotonic() - started) * 1000)})
+                    {"step": STEP_FOLD, "attempt": attempt, "durationMs": int((time.monotonic() - started) * 1000)},
+                    cleared=prepared.state.cleared)
     requests.release(thread_id, seen_version)
     if not _request_again_if_due(services, thread_id):
         _publish(services, thread_id, "failed", MESSAGE_STALE, reason=Outcome.STALE, retrying=False, step=STEP_FOLD)
@@ -481,7 +482,8 @@ def run_refinement(services: Services, thread_id: str, token: int, *, attempt: i
             if retryable and attempt < settings.compaction_max_retries:
                 retry_in = retry_countdown(settings, attempt)
                 entry = _record(services, thread_id, Outcome.FAILED, reason,
-                                figures(turnsRefined=len(turns), modelCalls=len(calls), promptTokens=sum(calls)))
+                                figures(turnsRefined=len(turns), modelCalls=len(calls), promptTokens=sum(calls)),
+                                cleared=state.cleared)
                 _publish(services, thread_id, "failed", MESSAGE_RETRYING, reason=reason, retrying=True,
                          step=STEP_REFINE)
                 requests.hold(thread_id, token, retry_marker_ttl(settings, retry_in), refine=True)
@@ -503,12 +505,12 @@ def run_refinement(services: Services, thread_id: str, token: int, *, attempt: i
     if result is not None:
         more.update(summaryChars=len(result.summary), notesCount=len(result.notes), factRetention=result.retention)
     if committed.outcome == Outcome.APPLIED and gave_up is not None:  # the turns are marked refined, without a gist
-        entry = _record(services, thread_id, Outcome.FAILED, gave_up, figures(**more))
+        entry = _record(services, thread_id, Outcome.FAILED, gave_up, figures(**more), cleared=state.cleared)
         _publish(services, thread_id, "failed", MESSAGE_FAILED, reason=gave_up, retrying=False, step=STEP_REFINE)
         requests.release(thread_id, token, refine=True)
         return RefineOutcome(Outcome.FAILED, gave_up, None, entry)
     if committed.outcome == Outcome.APPLIED:
-        entry = _record(services, thread_id, Outcome.APPLIED, reason, figures(**more))
+        entry = _record(services, thread_id, Outcome.APPLIED, reason, figures(**more), cleared=state.cleared)
         _publish(services, thread_id, "succeeded", MESSAGE_SUCCEEDED, turnsRefined=len(turns),
                  modelCalls=len(calls), step=STEP_REFINE)
         log.info("refinement of %s applied (%s): %d turns, %d model calls, %d prompt tokens, %d ms",
@@ -516,7 +518,7 @@ def run_refinement(services: Services, thread_id: str, token: int, *, attempt: i
         requests.release(thread_id, token, refine=True)
         return RefineOutcome(Outcome.APPLIED, reason, None, entry, result)
     log.info("refinement of %s discarded: stale (%s)", short, committed.detail)
-    entry = _record(services, thread_id, Outcome.STALE, committed.detail, figures(**more))
+    entry = _record(services, thread_id, Outcome.STALE, committed.detail, figures(**more), cleared=state.cleared)
     wait = float(settings.compaction_idle_seconds)
     requests.hold(thread_id, token, waiting_marker_ttl(settings, wait), refine=True)
     return RefineOutcome(Outcome.STALE, committed.detail, None, entry, result, reschedule_in=wait)
@@ -555,11 +557,14 @@ def _figures(prepared: Prepared, result: CompactionResult | None, started: float
     return figures
 
 
-def _record(services: Services, thread_id: str, outcome: Outcome, reason: Reason | str, figures: dict) -> dict:
-    """Push one history entry (numbers and categories only), capped at ``HISTORY_MAX``; return it."""
+def _record(services: Services, thread_id: str, outcome: Outcome, reason: Reason | str, figures: dict,
+            cleared: int | None = None) -> dict:
+    """Push one history entry (numbers and categories only), capped at ``HISTORY_MAX``; return it.  With
+    ``cleared`` (the clear counter of the state the work read) nothing is recorded when the thread was cleared
+    since: a new conversation never lists the old one's work (README: New chat: clearing is final)."""
     entry = {"at": int(time.time() * 1000), "outcome": outcome, "reason": reason, **figures}
     try:
-        services.store.record_compaction(thread_id, entry, HISTORY_MAX)
+        services.store.record_compaction(thread_id, entry, HISTORY_MAX, cleared=cleared)
     except StoreUnavailable as exc:
         log.warning("compaction history for %s not recorded: %s", thread_id[:13], exc)
     return entry

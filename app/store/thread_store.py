@@ -722,14 +722,16 @@ class ThreadStore:
     # -- compaction history and events ---------------------------------------------------------
 
     @_guard
-    def record_compaction(self, thread_id: str, entry: dict, max_entries: int) -> bool:
+    def record_compaction(self, thread_id: str, entry: dict, max_entries: int, *, cleared: int | None = None) -> bool:
         """Push one history entry (numbers and categories only) on the thread's capped history list.
 
-        Nothing is recorded for a thread that does not exist (``lua/record_compaction.lua``).
+        Nothing is recorded for a thread that does not exist, nor, with ``cleared`` (the clear counter the work
+        read), for a thread cleared since (``lua/record_compaction.lua``).
         """
         keys = ThreadKeys(thread_id)
         return bool(self._record(keys=[keys.state, keys.compactions],
-                                 args=[json.dumps(entry, separators=(",", ":")), max_entries, self.ttl]))
+                                 args=[json.dumps(entry, separators=(",", ":")), max_entries, self.ttl,
+                                       "" if cleared is None else str(int(cleared))]))
 
     @_guard
     def publish_event(self, thread_id: str, frame: dict) -> None:
