@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from scripts import model_server
+from tests.helpers.model_server import server_pids
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -51,17 +52,6 @@ def test_the_environment_overrides_threads_and_niceness():
     assert (compaction["threads"], compaction["batch_threads"], compaction["nice"]) == (3, 1, 0)
 
 
-def server_pids(supervisor: int) -> list[int]:
-    """The live processes whose parent is ``supervisor`` (from /proc)."""
-    pids = []
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == supervisor and fields[0] != "Z":
-            pids.append(int(entry))
-    return pids
 
 
 @pytest.mark.slow

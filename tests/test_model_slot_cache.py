@@ -26,6 +26,7 @@ from app.llm.client import CancelEvent, LLMClient, StreamStats
 from chat_support.fake_llm import FakeLLM, Reply
 from chat_support.servers import free_ports
 from scripts import slot_cache
+from tests.helpers.model_server import slot_proxy
 
 SECRET = "s" * 64
 SYSTEM = "You are a helpful assistant."
@@ -48,15 +49,10 @@ def proxied(tmp_path):
     directory = tmp_path / "slots"
     directory.mkdir()
     standin = FakeLLM(Reply(text="ok"), slot_dir=directory, require_model=False).start()
-    cache = slot_cache.SlotCache(standin.address, directory, max_files=64)
-    (port,) = free_ports(1)
-    server = slot_cache.make_proxy(cache, "127.0.0.1", port)
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     try:
-        yield f"http://127.0.0.1:{port}", cache, standin
+        with slot_proxy(standin.address, directory) as (url, cache):
+            yield url, cache, standin
     finally:
-        server.shutdown()
-        server.server_close()
         standin.stop()
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from chat_support.servers import free_ports
+from tests.helpers.model_server import server_pids
 from scripts import cpu_yield
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,16 +41,6 @@ def start(role: str, port: int, run_dir: Path, **extra: str) -> subprocess.Popen
     return proc
 
 
-def children(supervisor: int) -> list[int]:
-    pids = []
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == supervisor and fields[0] != "Z":
-            pids.append(int(entry))
-    return pids
 
 
 def turn(port: int) -> dict:
@@ -81,14 +72,14 @@ def stack(tmp_path):
         compaction = start("compaction", compaction_port, tmp_path)
         started.append(compaction)
         pid = int(cpu_yield.pid_file(compaction_port, tmp_path).read_text())
-        assert children(compaction.pid) == [pid]
+        assert server_pids(compaction.pid) == [pid]
         chat = start("chat", chat_port, tmp_path, STANDIN_TOKEN_DELAY="3.0",
                      LOCAL_COMPACTION_MODEL_PORT=str(compaction_port))
         started.append(chat)
         yield chat, chat_port, pid, tmp_path, compaction_port
     finally:
         for proc in reversed(started):
-            for child in children(proc.pid):
+            for child in server_pids(proc.pid):
                 os.kill(child, signal.SIGCONT)
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
@@ -125,7 +116,7 @@ def test_a_chat_supervisor_killed_mid_turn_never_leaves_the_compaction_server_st
 
     threading.Thread(target=doomed, daemon=True).start()
     assert states_until(pid, lambda s: s == "T", 10)[-1] == "T"
-    for child in children(chat.pid):
+    for child in server_pids(chat.pid):
         os.kill(child, signal.SIGKILL)
     chat.kill()
     chat.wait(10)

@@ -20,8 +20,8 @@ import pytest
 
 from app.llm.cache_key import CACHE_HEADER, thread_cache_key
 from chat_support.fake_llm import FakeLLM, Reply
-from chat_support.servers import free_ports
 from scripts import slot_cache
+from tests.helpers.model_server import slot_proxy
 
 SECRET = "s" * 64
 SYSTEM = "You are a helpful assistant."
@@ -57,16 +57,10 @@ def proxied(tmp_path):
     directory.mkdir()
     standin = FakeLLM(Reply(text="ok"), slot_dir=directory, require_model=False).start()
     standin.add_rule(Reply(stall=True, stall_max=60), when=is_warmup, name="warm")
-    cache = slot_cache.SlotCache(standin.address, directory, max_files=64)
-    (port,) = free_ports(1)
-    server = slot_cache.make_proxy(cache, "127.0.0.1", port)
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     try:
-        yield f"http://127.0.0.1:{port}", cache, standin
+        with slot_proxy(standin.address, directory) as (url, cache):
+            yield url, cache, standin
     finally:
-        cache.stop()
-        server.shutdown()
-        server.server_close()
         standin.stop()
 
 

@@ -5,9 +5,12 @@ Needs the verified GGUF file (``make test`` fetches it first).
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from chat_support.polling import wait_until
@@ -35,3 +38,35 @@ def stop_model_server(proc: subprocess.Popen) -> None:
     """SIGTERM, then expect a clean exit (status 0) within 60 s."""
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(60) == 0
+
+
+def server_pids(supervisor: int) -> list[int]:
+    """The live processes whose parent is ``supervisor`` (from /proc)."""
+    pids = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == supervisor and fields[0] != "Z":
+            pids.append(int(entry))
+    return pids
+
+
+@contextlib.contextmanager
+def slot_proxy(upstream: str, directory: Path):
+    """``(proxy url, SlotCache)``: ``scripts/slot_cache.py``'s proxy on a free loopback port in front of
+    ``upstream`` (``host:port``), keeping slot files in ``directory``; stopped on exit."""
+    from chat_support.servers import free_ports
+    from scripts import slot_cache
+
+    cache = slot_cache.SlotCache(upstream, directory, max_files=64)
+    (port,) = free_ports(1)
+    server = slot_cache.make_proxy(cache, "127.0.0.1", port)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{port}", cache
+    finally:
+        cache.stop()
+        server.shutdown()
+        server.server_close()
