@@ -23,8 +23,7 @@ def test_bundled_model_gets_the_short_cap_and_llama_cpp_repetition_samplers():
     options = answer_options(Settings(bundled_model=True))
     assert options == {"max_tokens": BUNDLED_ANSWER_MAX_TOKENS, "dry_multiplier": 0.8, "dry_base": 1.75,
                        "dry_allowed_length": 5, "dry_penalty_last_n": 224, "repeat_penalty": 1.0,
-                       "presence_penalty": 0.0, "frequency_penalty": 0.0,
-                       "stop": ["<record>", "</record>", "<recalled>", "</recalled>"]}
+                       "presence_penalty": 0.0, "frequency_penalty": 0.0}
     assert BUNDLED_ANSWER_MAX_TOKENS == 224
     assert set(BUNDLED_SAMPLERS) < set(options)
     # DRY looks back over as many tokens as an answer may take

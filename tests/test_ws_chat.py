@@ -220,3 +220,26 @@ def test_sessions_are_isolated_under_concurrency(live_app, fake_llm, n_clients=8
     finally:
         for c in clients:
             c.close()
+
+
+def test_the_tags_that_frame_memory_never_reach_the_person_nor_memory(chat, fake_llm):
+    """``app.runtime.chat.TagStrip``: a model that copies ``<recalled>``/``<record>`` from its prompt (the bundled
+    0.5B model did) has the tags taken out of what is shown and stored, also when a tag is split over tokens."""
+    tokens = ["<rec", "alled>", "turn 3: the code", " is 4817</re", "called>\n", "Your code is 4817. <", "3 <",
+              "record", ">"]
+    fake_llm.default = Reply(tokens=tokens, token_delay=0.005)
+    frames = chat.turn("What was my code?")
+    assert frames[-1]["status"] == "completed"
+    shown = "".join(f["text"] for f in frames if f["type"] == "delta")
+    assert shown == "turn 3: the code is 4817\nYour code is 4817. <3 "
+    assert texts(chat)[-1] == ("assistant", shown.rstrip())  # stored trimmed, as every answer
+
+
+def test_tag_strip_holds_back_only_what_could_still_be_a_tag():
+    from app.runtime.chat import TagStrip
+
+    strip = TagStrip()
+    assert [strip.feed(p) for p in ("a <", "b", " <reca", "lled", "> c </record", ">")] == \
+        ["a ", "<b", " ", "", " c ", ""]
+    assert strip.feed("x <rec") == "x " and strip.flush() == "<rec"  # the end of the stream releases it
+    assert strip.feed("1 < 2") == "1 < 2" and strip.flush() == ""

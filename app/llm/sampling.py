@@ -37,23 +37,14 @@ BUNDLED_SAMPLERS = {
 }
 """llama.cpp sampler fields sent with every chat turn to the bundled model (see the module docstring)."""
 
-BUNDLED_STOP = ("<record>", "</record>", "<recalled>", "</recalled>")
-"""Where the bundled model's answer ends: the tags that frame memory in its prompt (``app.memory.context``,
-``app.memory.recall``).  The 0.5B model sometimes ended an answer with a made-up ``<recalled>…</recalled>`` line
-copying them (README: The bundled model), which a person would read as a quotation of memory; the answer ends
-before the tag instead (``finish`` "stop"), and an answer that would be nothing but such a line is the empty
-answer a turn already refuses.  Not sent to other providers: some hosted models refuse ``stop``."""
-
-
 def answer_options(settings: Settings) -> dict:
     """The chat-completion fields of a turn's request.
 
     Returns:
         ``{"max_tokens": settings.answer_max_tokens}`` (tokens; ``ANSWER_MAX_TOKENS``) and, with the bundled model
-        (``BUNDLED_MODEL``), the ``BUNDLED_SAMPLERS`` fields, ``dry_penalty_last_n`` (tokens: the answer cap)
-        and ``stop``: the ``BUNDLED_STOP`` tags.
+        (``BUNDLED_MODEL``), the ``BUNDLED_SAMPLERS`` fields and ``dry_penalty_last_n`` (tokens: the answer cap).
     """
     options: dict = {"max_tokens": settings.answer_max_tokens}
     if settings.bundled_model:
-        options.update(BUNDLED_SAMPLERS, dry_penalty_last_n=settings.answer_max_tokens, stop=list(BUNDLED_STOP))
+        options.update(BUNDLED_SAMPLERS, dry_penalty_last_n=settings.answer_max_tokens)
     return options

@@ -3,8 +3,8 @@
 ``stream_reply(io, messages, **extra)`` is the one delta-streaming loop of the runtime: the
 streamed answer's text goes to the person through ``io.delta`` as it arrives, one frame for
 whatever arrived since the last one (the first token at once, then at most one frame per
-``STREAM_FLUSH_INTERVAL_SECONDS``; README: Performance), and the pieces of tool calls (when
-``tools`` are offered) are put together.  Plain chat, chat with
+``STREAM_FLUSH_INTERVAL_SECONDS``; README: Performance), without the tags that frame memory in a prompt
+(``TagStrip``), and the pieces of tool calls (when ``tools`` are offered) are put together.  Plain chat, chat with
 tools and the task list's final answer all stream through it.
 """
 
@@ -59,6 +59,40 @@ class StreamedReply:
                 call.arguments += function["arguments"]
 
 
+MEMORY_TAGS = ("<record>", "</record>", "<recalled>", "</recalled>")
+"""The tags that frame memory in a prompt (``app.memory.context``, ``app.memory.recall``): never shown as the model's
+text.  The bundled 0.5B model sometimes opens or ends an answer with a made-up ``<recalled>…</recalled>`` line, which
+a person would read as a quotation of memory (README: The bundled model); the words between stay, as the model's."""
+_LONGEST_TAG = max(map(len, MEMORY_TAGS))
+
+
+class TagStrip:
+    """Takes every ``MEMORY_TAGS`` tag out of streamed text, across piece boundaries.
+
+    ``feed(piece)`` returns the text that can be shown now: a piece that ends with what could be the start of a
+    tag holds that part back (at most 10 characters) until the next piece tells; ``flush()`` returns what is still
+    held at the end of the stream.
+    """
+
+    def __init__(self) -> None:
+        self.held = ""
+
+    def feed(self, piece: str) -> str:
+        text = self.held + piece
+        for tag in MEMORY_TAGS:
+            text = text.replace(tag, "")
+        cut = text.rfind("<", max(0, len(text) - _LONGEST_TAG + 1))
+        if cut >= 0 and any(tag.startswith(text[cut:]) for tag in MEMORY_TAGS):
+            text, self.held = text[:cut], text[cut:]
+        else:
+            self.held = ""
+        return text
+
+    def flush(self) -> str:
+        held, self.held = self.held, ""
+        return held
+
+
 def stream_reply(io: TurnIO, messages: list[dict], *, new_paragraph: bool = False, deadline: float | None = None,
                  **extra) -> StreamedReply:
     """Stream the model's answer to ``messages`` through ``io.delta``.
@@ -77,21 +111,33 @@ def stream_reply(io: TurnIO, messages: list[dict], *, new_paragraph: bool = Fals
     reply = StreamedReply()
     pieces: list[str] = []
     separate = new_paragraph and bool(io.streamed_text)
+    strip = TagStrip()
+
+    def send(piece: str) -> bool:
+        nonlocal separate
+        text = piece
+        if separate and not io.streamed_text.endswith("\n"):
+            text = "\n\n" + text
+        separate = False
+        if not io.delta(text):
+            return False
+        pieces.append(piece)
+        return True
+
     for delta in io.services.llm.stream_chat(messages, cancelled=io.cancelled,
                                              deadline=io.deadline if deadline is None else deadline,
                                              stats=io.stats, flush_interval=io.services.settings.stream_flush_interval,
                                              thread_id=io.thread_id, keep_warmup=io.keep_warmup, **extra):
-        if delta.text:
-            text = delta.text
-            if separate and not io.streamed_text.endswith("\n"):
-                text = "\n\n" + text
-            separate = False
-            if not io.delta(text):
-                reply.text, reply.cancelled = "".join(pieces), True
-                return reply
-            pieces.append(delta.text)
+        shown = strip.feed(delta.text) if delta.text else ""
+        if shown and not send(shown):
+            reply.text, reply.cancelled = "".join(pieces), True
+            return reply
         for part in delta.tool_calls:
             reply.add_tool_call_part(part)
+    rest = strip.flush()
+    if rest and not send(rest):
+        reply.text, reply.cancelled = "".join(pieces), True
+        return reply
     reply.text = "".join(pieces)
     reply.cancelled = io.cancelled.is_set()
     return reply
