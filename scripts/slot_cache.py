@@ -20,7 +20,8 @@ two requests never interleave; every request that uses the slot passes it):
 
 Requests without a key (the start check) start from the base state (or an erased slot) and are never saved.
 ``DELETE /cache`` with the header, from loopback only, deletes that key's file (a thread forgot a turn; the
-slot is erased when it holds that key).  ``GET`` requests (models, health) pass without the lock.  Only the
+slot is erased when it holds that key; a queued warm-up of that key goes and a running one stops at once, keeping
+nothing).  ``GET`` requests (models, health) pass without the lock.  Only the
 proxy's own routes (``ROUTES``: chat completions, completions, models, health, ``DELETE /cache``) pass, checked on
 the path percent-decoded until stable with ``.``, ``..`` and ``//`` resolved (``clean_path``); anything else,
 ``/slots`` in any spelling included, answers 404: only this proxy saves and restores, and only into its own
@@ -36,12 +37,6 @@ People first (README: The bundled model):
   the slot keeps what the warm-up read and the turn reads only the rest; for another key the part read is saved
   to the warm-up key's file before the turn's restore and the warm-up is queued again (it then reads only the
   rest).  A queued warm-up of a turn's own key is dropped (the turn reads that prompt);
-- a turn may instead continue its thread's previous turn while that thread's warm-up has not been read whole
-  (``X-Model-Keep-Warmup: 1``; the web then sends the previous prompt's layout, ``app.llm.warmup.PromptLayout``):
-  the part of the warm-up read so far is saved as ``<key>.warm.bin``, the slot restores the state the previous
-  turn saved, and the warm-up is queued again, to go on from its own file after the turn.  ``GET /cache`` with
-  the header (loopback only) answers ``{"warming": true}`` while a warm-up of that key is queued, running or read
-  in part;
 - while a streamed turn waits for the slot behind another turn the proxy answers 200 with an event stream at
   once and sends ``data: {"object": "x.wait", "reason": "another_turn"}`` then, every ``WAIT_EVENT_SECONDS`` at
   most, again, then relays the upstream stream's body (llama.cpp's own events untouched); an upstream failure
@@ -75,12 +70,10 @@ from pathlib import Path
 
 CACHE_HEADER = "X-Model-Cache-Key"
 WARMUP_HEADER = "X-Model-Warmup"  # "1": a prompt warm-up (app/llm/warmup.py), queued and preempted by turns
-KEEP_HEADER = "X-Model-Keep-Warmup"  # "1" on a turn: it continues the thread's previous turn, not its warm-up
-WARM = ".warm"  # a thread's warm-up read in part is kept as <key>.warm.bin, beside its turn state <key>.bin
 ROUTES = {  # the only routes passed on (method, decoded path); everything else answers 404
     ("POST", "/v1/chat/completions"), ("POST", "/chat/completions"), ("POST", "/v1/completions"),
     ("POST", "/completions"), ("GET", "/v1/models"), ("GET", "/models"), ("GET", "/health"), ("GET", "/v1/health"),
-    ("DELETE", "/cache"), ("GET", "/cache")}
+    ("DELETE", "/cache")}
 KEY_RE = re.compile(r"^[0-9a-f]{64}$")
 BASE = "base"
 MAX_FILES = 64  # LOCAL_MODEL_SLOT_FILES: slot files kept (threads), the base state included
@@ -154,16 +147,9 @@ class SlotCache:
         finally:
             conn.close()
 
-    def prepare(self, key: str | None, body: bytes = b"", *, keep: bool = False) -> None:
+    def prepare(self, key: str | None, body: bytes = b"") -> None:
         """Step 1 (under ``lock``): make the slot hold ``key``'s state; for a key without a file (a new thread),
-        the base state of the request's system prompt; without a key, the base state (or an empty slot).
-        ``key``'s state is its warm-up read in part when there is one (a turn then reads only the rest), unless
-        ``keep``: then the state its previous turn saved."""
-        if key is not None and not keep and self.path(key + WARM).exists():
-            if self.holder == key + WARM or self._restore(key + WARM):
-                self.holder = key  # the warm-up's part is now this turn's: its file goes
-                self.path(key + WARM).unlink(missing_ok=True)
-                return
+        the base state of the request's system prompt; without a key, the base state (or an empty slot)."""
         if key is not None and self.holder == key:
             return
         self.holder = None
@@ -256,13 +242,12 @@ class SlotCache:
             self._preempt(key, only=key, discard=True)
 
     def drop(self, key: str) -> None:
-        """Delete ``key``'s slot files (a forget in the thread; README: "Forget and provenance"); when the slot
+        """Delete ``key``'s slot file (a forget in the thread; README: "Forget and provenance"); when the slot
         holds that key's state, erase it.  Call under ``lock``."""
         self.path(key).unlink(missing_ok=True)
-        self.path(key + WARM).unlink(missing_ok=True)
         with self.cond:
             self.pending.pop(key, None)
-        if self.holder in (key, key + WARM):
+        if self.holder == key:
             self.holder = None
             self._action("erase")
         self._note("forget", key)
@@ -274,30 +259,21 @@ class SlotCache:
     # -- warm-ups: queued, newest per thread, run only while no turn is in the proxy, preempted by any turn --------
 
     def queue_warmup(self, key: str, body: bytes) -> None:
-        """Queue a warm-up of ``key`` (replacing a queued older one; a running one of the same key is preempted, and
-        the newer one goes on from what it read)."""
+        """Queue a warm-up of ``key`` (replacing a queued older one; a running one of the same key is preempted)."""
         with self.cond:
             self.pending.pop(key, None)
             self.pending[key] = body
-            self._preempt(key, only=key, keep=True)  # its part read is kept: the newer one reads on from it
+            self._preempt(key, only=key)
             self.cond.notify_all()
 
-    def warming_of(self, key: str) -> bool:
-        """True while a warm-up of ``key`` is queued, running, or read in part (its ``.warm`` file)."""
-        with self.cond:
-            if key in self.pending or (self.warming is not None and self.warming["key"] == key):
-                return True
-        return self.path(key + WARM).exists()
-
-    def turn_begins(self, key: str | None, *, keep: bool = False) -> None:
+    def turn_begins(self, key: str | None) -> None:
         """A turn entered the proxy: a running warm-up stops now (its upstream connection is closed, so llama.cpp
-        cancels it within one batch); a queued warm-up of the same key is dropped (the turn reads its prompt),
-        unless ``keep`` (the turn continues the previous one: the warm-up goes on after it)."""
+        cancels it within one batch); a queued warm-up of the same key is dropped (the turn reads its prompt)."""
         with self.cond:
             self.turns += 1
-            if key is not None and not keep:
+            if key is not None:
                 self.pending.pop(key, None)
-            self._preempt(key, keep=keep)
+            self._preempt(key)
         if self.pauser is not None:
             self.pauser.begin()
 
@@ -308,15 +284,13 @@ class SlotCache:
             self.turns -= 1
             self.cond.notify_all()
 
-    def _preempt(self, by: str | None, only: str | None = None, keep: bool = False, discard: bool = False) -> None:
-        """(Under ``cond``.) Stop the running warm-up (when ``only``: only a warm-up of that key); ``keep``: a
-        turn of ``by`` that continues its previous turn (the warm-up's part is kept for later); ``discard``: a
+    def _preempt(self, by: str | None, only: str | None = None, discard: bool = False) -> None:
+        """(Under ``cond``.) Stop the running warm-up (when ``only``: only a warm-up of that key); ``discard``: a
         forget (nothing of it is kept)."""
         running = self.warming
         if running is None or (running["by"] and not discard) or (only is not None and running["key"] != only):
             return
         running["by"] = by or "-"
-        running["keep"] = keep
         running["discard"] = discard
         conn = running["conn"]
         if conn is not None and conn.sock is not None:
@@ -332,11 +306,10 @@ class SlotCache:
 
     def run_warmups(self) -> None:
         """The warm-up runner (one thread per proxy, until ``stop``): take the oldest queued warm-up when no turn
-        is in the proxy, make the slot hold its key's state (its part read earlier, if any), have the server read the
-        prompt (a streamed one-token request) and save it as the key's state.  When a turn preempts it, the slot
-        holds the part read so far: for the same key the turn reads only the rest; for another key, or a turn of
-        the same key that keeps its previous state (``keep``), the part is saved to the key's ``.warm`` file and
-        the warm-up is queued again (it then reads only the rest)."""
+        is in the proxy, make the slot hold its key's state, have the server read the prompt (a streamed one-token
+        request) and save it.  When a turn preempts it, the slot holds the part read so far: for the same key the
+        turn reads only the rest; for another key the part is saved to the warm-up key's file and the warm-up is
+        queued again (it then reads only the rest)."""
         while True:
             with self.cond:
                 while not self.stopped and (not self.pending or self.turns):
@@ -350,50 +323,34 @@ class SlotCache:
                     if self.turns or self.stopped:  # a turn came first: it goes first
                         self.pending.setdefault(key, body)
                         continue
-                    self.warming = running = {"key": key, "conn": None, "by": "", "keep": False, "discard": False,
-                                              "ok": False, "cache": None, "read": 0}
+                    self.warming = running = {"key": key, "conn": None, "by": "", "discard": False, "ok": False,
+                                              "cache": None, "read": 0}
                 self._note("warm", key)
-                if self.holder != key + WARM and not (self.path(key + WARM).exists() and self._restore(key + WARM)):
-                    self.prepare(key, body, keep=True)
-                else:
-                    self.holder = key + WARM
+                self.prepare(key, body)
                 ok = running["ok"] = self._warm(running, body)
                 with self.cond:
                     self.warming = None
                     self.warmups.append({k: v for k, v in running.items() if k != "conn"})
                     del self.warmups[:-100]
-                by, keep = running["by"], running["keep"]
-                how = "read whole" if ok else "failed" if not by else "preempted by " + (
-                    "another thread's turn" if by != key else "its thread's turn" if not keep
-                    else "its thread (its part kept for later)")
+                by = running["by"]
+                how = "read whole" if ok else ("failed" if not by else "preempted by a turn of " + (
+                    "the same thread" if by == key else "another thread"))
                 print(f"slot cache proxy: warm-up {key[:8]} {how}: {max(0, running['read'] - (running['cache'] or 0))}"
                       f" tokens read, {running['cache'] or 0} cached", flush=True)
                 if ok or not by:
-                    self.path(key + WARM).unlink(missing_ok=True)
                     self.finish(key, ok)
                     continue
                 self._note("preempted", key)
                 if running["discard"]:  # a forget: nothing of it stays
-                    self.path(key + WARM).unlink(missing_ok=True)
                     self.holder = None
                     self._action("erase")
                     continue
-                if by == key and not keep:  # a turn of this thread reads on from here
-                    self.path(key + WARM).unlink(missing_ok=True)
-                    self.holder = key  # the tokens read before the cancel stay in the slot
-                    continue
-                # another thread's turn, a turn of this thread that keeps its previous state, or a stop: the
-                # part read is kept in the .warm file, and the warm-up goes on from it later
-                if self._action("save", key + WARM):
-                    self._note("save", key + WARM)
-                    self.holder = key + WARM
-                    self.bound(keep=key + WARM)
-                else:
-                    self.path(key + WARM).unlink(missing_ok=True)
-                    self.holder = None
-                with self.cond:
-                    if not self.stopped:
-                        self.pending.setdefault(key, body)
+                self.holder = key  # the tokens read before the cancel stay in the slot
+                if by != key:  # another thread's turn (or a newer warm-up of this key, or a stop): keep the part
+                    self.finish(key, True)
+                    with self.cond:
+                        if not self.stopped:
+                            self.pending.setdefault(key, body)
 
     def _warm(self, running: dict, body: bytes) -> bool:
         """Forward a warm-up as a streamed one-token chat completion; True when it was read whole."""
@@ -499,7 +456,7 @@ def make_proxy(cache: SlotCache, host: str, port: int) -> ThreadingHTTPServer:
             ``waited``: the 200 status and the event-stream headers already went out (with ``x.wait`` events):
             relay only the body, and an upstream failure as one ``error`` event."""
             headers = {k: v for k, v in self.headers.items()
-                       if k.lower() not in _HOP and k not in (CACHE_HEADER, WARMUP_HEADER, KEEP_HEADER)}
+                       if k.lower() not in _HOP and k not in (CACHE_HEADER, WARMUP_HEADER)}
             conn = http.client.HTTPConnection(*cache.upstream, timeout=UPSTREAM_TIMEOUT)
             try:
                 try:
@@ -577,19 +534,6 @@ def make_proxy(cache: SlotCache, host: str, port: int) -> ThreadingHTTPServer:
             path = clean_path(self.path)
             if ("GET", path) not in ROUTES:
                 return self._reply(404, "Not found.")
-            if path == "/cache":  # whether a warm-up of the key's thread is under way (loopback only)
-                if not _loopback(self.client_address[0]):
-                    return self._reply(403, "Only from this machine.")
-                key = self.headers.get(CACHE_HEADER)
-                if key is None or not KEY_RE.match(key):
-                    return self._reply(400, f"{CACHE_HEADER} must be 64 lowercase hex characters.")
-                answer = json.dumps({"warming": cache.warming_of(key)}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(answer)))
-                self.end_headers()
-                self.wfile.write(answer)
-                return
             self._forward("GET", path, None)
 
         def do_POST(self):
@@ -615,15 +559,14 @@ def make_proxy(cache: SlotCache, host: str, port: int) -> ThreadingHTTPServer:
                 streamed = json.loads(body).get("stream") is True
             except (ValueError, AttributeError):
                 streamed = False
-            keep = key is not None and self.headers.get(KEEP_HEADER) == "1"
-            cache.turn_begins(key, keep=keep)
+            cache.turn_begins(key)
             try:
                 waited = self._wait_for_slot(streamed)
                 if waited is None:
                     return
                 cache.turn_holds_slot = True
                 try:
-                    cache.prepare(key, body, keep=keep)
+                    cache.prepare(key, body)
                     ok = self._forward("POST", path, body, waited=waited)
                     cache.finish(key, ok)
                 finally:

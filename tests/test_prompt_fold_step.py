@@ -20,29 +20,20 @@ from tests.fixtures.memory_data import CREATED
 COUNTER = TokenCounter()
 
 
-def context(state, archive, text: str, step: int, at_most: int | None = None):
+def prompt(state, archive, text: str, step: int) -> list[dict]:
     return assemble_context(state, text, system_prompt="You are helpful.", counter=COUNTER, context_tokens=8192,
                             reserved_output_tokens=1024, archive=archive, recall_share=0.0,
-                            fold_step=step, checkpoint_at_most=at_most)
+                            fold_step=step).to_openai()
 
 
-def prompt(state, archive, text: str, step: int) -> list[dict]:
-    return context(state, archive, text, step).to_openai()
-
-
-def conversation(rig, name: str, step: int, turns: int = 14, *,
-                 keep: bool = False) -> tuple[list[list[dict]], list[int]]:
-    """Each turn's prompt, and the record's last folded turn when it was built; ``keep``: every prompt keeps the
-    previous prompt's checkpoint (as a turn does while the warm-up of the new layout has not read it)."""
+def conversation(rig, name: str, step: int, turns: int = 14) -> tuple[list[list[dict]], list[int]]:
+    """Each turn's prompt, and the record's last folded turn when it was built."""
     tid = thread_id_for(name)
     prompts, folded = [], []
-    kept: int | None = None
     for n in range(1, turns + 1):
         state, archive = load_turn_memory(rig.store, tid)
         text = f"My locker number {n} is {n * 111}, near door {n}."
-        assembled = context(state, archive, text, step, kept if keep else None)
-        kept = assembled.checkpoint
-        prompts.append(assembled.to_openai())
+        prompts.append(prompt(state, archive, text, step))
         folded.append(state.record.last_turn)
         assert commit_turn(rig.store, tid, n, user=text, assistant=f"Noted: locker {n} is {n * 111}.").appended
         if n > 4:
@@ -70,17 +61,6 @@ def test_between_checkpoints_each_prompt_is_the_previous_one_with_the_newest_tur
     assert "(turns 1–8 of this conversation)" in last[1]["content"]
 
 
-def test_a_turn_that_keeps_the_previous_checkpoint_is_the_previous_prompt_with_the_newest_turn_appended(
-        compaction_rig):
-    prompts, folded = conversation(compaction_rig, "fold-step-kept", 4, keep=True)
-    assert folded[-1] == 9
-    changed = [n + 1 for n in range(1, len(prompts)) if not appended(prompts[n - 1], prompts[n])]
-    assert changed == []  # the record stays empty: every folded turn is shown verbatim, as it was
-    last = prompts[-1]
-    assert [m["content"] for m in last if m["role"] == "user"][0] == "My locker number 1 is 111, near door 1."
-    assert not any(m["content"].startswith("Earlier in this conversation") for m in last)
-
-
 def test_with_step_one_every_fold_changes_the_layout(compaction_rig):
     prompts, _ = conversation(compaction_rig, "fold-step-1", 1)
     changed = [n + 1 for n in range(1, len(prompts)) if not appended(prompts[n - 1], prompts[n])]
@@ -105,39 +85,6 @@ def test_held_back_shows_the_turns_after_the_checkpoint_verbatim_or_falls_back_t
     gap = ArchiveIndex()
     gap.add([_turn(n) for n in (1, 2, 3, 4, 6)])  # turn 5 not archived (e.g. the archive's cap)
     assert held_back(record, gap, 4) == (record, [])
-
-
-def test_an_earlier_checkpoint_shows_more_turns_verbatim_and_never_a_later_one():
-    record = Record(1, 10, tuple(RecordLine("person", f"person {n}", n) for n in range(1, 11)))
-    archive = ArchiveIndex()
-    archive.add([_turn(n) for n in range(1, 11)])
-    shown, verbatim = held_back(record, archive, 4, checkpoint_at_most=4)
-    assert (shown.last_turn, [line.turn for line in shown.lines]) == (4, [1, 2, 3, 4])
-    assert [t.number for t in verbatim] == [5, 6, 7, 8, 9, 10]
-    assert held_back(record, archive, 4, checkpoint_at_most=8) == held_back(record, archive, 4)  # its own: 8
-    assert held_back(record, archive, 4, checkpoint_at_most=12) == held_back(record, archive, 4)
-    assert held_back(record, archive, 4, checkpoint_at_most=0) == (Record(), [_turn(n) for n in range(1, 11)])
-    assert held_back(record, archive, 4, checkpoint_at_most=6)[0].last_turn == 4  # a multiple of the step
-
-
-def test_an_earlier_layout_that_does_not_fit_gives_way_to_the_fold_steps_own(compaction_rig):
-    tid = thread_id_for("fold-step-kept-budget")
-    for n in range(1, 15):
-        commit_turn(compaction_rig.store, tid, n, user=f"Fact {n}: " + "word " * 100, assistant="ok")
-        if n > 4:
-            assert fold_at_cap(compaction_rig.services, tid)
-    state, archive = load_turn_memory(compaction_rig.store, tid)
-    assert state.record.last_turn == 10
-    roomy = assemble_context(state, "next", system_prompt="s", counter=COUNTER, context_tokens=8192,
-                             reserved_output_tokens=1024, archive=archive, recall_share=0.0, fold_step=4,
-                             checkpoint_at_most=4)
-    assert roomy.checkpoint == 4 and roomy.to_openai()[2]["content"].startswith("Fact 5:")
-    # turns 5-14 verbatim (about 1,050 tokens) do not fit 1,000; turns 9-14 (about 630) do
-    tight = assemble_context(state, "next", system_prompt="s", counter=COUNTER, context_tokens=1200,
-                             reserved_output_tokens=200, archive=archive, recall_share=0.0, fold_step=4,
-                             checkpoint_at_most=4)
-    assert tight.checkpoint == 8 and tight.to_openai()[2]["content"].startswith("Fact 9:")
-    assert tight.dropped_turns == 0
 
 
 def test_verbatim_turns_that_do_not_fit_the_budget_give_way_to_the_whole_record(compaction_rig):

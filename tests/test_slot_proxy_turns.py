@@ -116,68 +116,20 @@ def test_another_threads_turn_preempts_a_warmup_which_keeps_its_part_and_resumes
     second = wait_for(lambda: warm_requests(standin)[1:])[0]  # resumed after the turn ...
     events = list(cache.events)
     preempted = events.index(("preempted", KEY_A))
-    # ... from the part it had read: saved (beside a's turn state) before b's turn, restored before it ran again
-    assert events[preempted + 1] == ("save", KEY_A + ".warm")
+    # ... from the part it had read: saved before b's turn, restored before the warm-up ran again
+    assert events[preempted + 1] == ("save", KEY_A)
     turn_b = [n for n, e in enumerate(events) if e[1] == KEY_B and e[0] in ("restore", "save")]
     resumed = events.index(("warm", KEY_A), preempted)
-    assert preempted < turn_b[0] and turn_b[-1] < resumed and events[resumed + 1] == ("restore", KEY_A + ".warm")
+    assert preempted < turn_b[0] and turn_b[-1] < resumed and events[resumed + 1] == ("restore", KEY_A)
     assert second.time >= [r for r in standin.requests if r.body and "b's question" in json.dumps(r.body)][0].time
 
 
-def warming(url: str, key: str) -> tuple[int, dict]:
-    req = urllib.request.Request(url + "/cache", headers={CACHE_HEADER: key})
-    try:
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read() or b"{}")
-
-
-def keep_turn(url: str, body: dict, key: str) -> tuple[int, dict]:
-    req = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json", CACHE_HEADER: key,
-                                          slot_cache.KEEP_HEADER: "1"})
-    with urllib.request.urlopen(req, timeout=60) as resp:
-        return resp.status, json.loads(resp.read())
-
-
-def test_a_turn_that_keeps_its_previous_state_finds_it_and_the_warmup_goes_on_after_it(proxied):
-    url, cache, standin = proxied
-    assert warming(url, KEY_A) == (200, {"warming": False})
-    assert request(url + "/v1/chat/completions", chat("first question"), KEY_A)[0] == 200
-    request(url + "/v1/chat/completions", chat("the new layout"), KEY_A, warm=True)
-    (first,) = wait_for(lambda: warm_requests(standin))
-    assert warming(url, KEY_A) == (200, {"warming": True})  # queued, then running
-    assert warming(url, KEY_B) == (200, {"warming": False})
-    status, answer = keep_turn(url, chat("first question, then the next"), KEY_A)
-    assert status == 200
-    first.wait(10)
-    assert first.outcome == "aborted"
-    assert answer["slot_before"] == [SYSTEM, "first question", "ok"]  # the state its previous turn left
-    # the warm-up goes on after the turn, from the part it had read (its .warm file), not from the turn's state
-    second = wait_for(lambda: warm_requests(standin)[1:])[0]
-    assert "the new layout" in json.dumps(second.body["messages"])
-    events = list(cache.events)
-    preempted = events.index(("preempted", KEY_A))
-    resumed = events.index(("warm", KEY_A), preempted + 1)
-    assert events[preempted + 1:preempted + 3] == [("save", KEY_A + ".warm"), ("restore", KEY_A)]
-    assert events[resumed + 1] == ("restore", KEY_A + ".warm")
-    assert warming(url, KEY_A) == (200, {"warming": True})
-    # a turn that does not keep reads on from the warm-up's part
-    status, answer = request(url + "/v1/chat/completions", chat("the new layout, then a question"), KEY_A)
-    assert status == 200 and answer["slot_before"][:2] == [SYSTEM, "the new layout"]
-    assert warming(url, KEY_A) == (200, {"warming": False})
-    assert not (cache.directory / f"{KEY_A}.warm.bin").exists()
-    assert warming(url, "not-a-key")[0] == 400
-
-
-def test_a_forget_stops_the_threads_warmup_at_once_and_drops_its_part(proxied):
+def test_a_forget_stops_the_threads_warmup_at_once_and_keeps_nothing_of_it(proxied):
     url, cache, standin = proxied
     request(url + "/v1/chat/completions", chat("warm me"), KEY_A, warm=True)
     wait_for(lambda: warm_requests(standin))
     assert request(url + "/v1/chat/completions", chat("b's question"), KEY_B)[0] == 200  # a's part is saved ...
     second = wait_for(lambda: warm_requests(standin)[1:])[0]  # ... and a's warm-up goes on from it
-    assert (cache.directory / f"{KEY_A}.warm.bin").exists()
     started = time.monotonic()
     conn = http.client.HTTPConnection(*urllib.parse.urlsplit(url).netloc.split(":"), timeout=10)
     conn.request("DELETE", "/cache", headers={CACHE_HEADER: KEY_A})
@@ -186,9 +138,8 @@ def test_a_forget_stops_the_threads_warmup_at_once_and_drops_its_part(proxied):
     second.wait(10)
     assert second.outcome == "aborted"
     time.sleep(0.3)
-    assert not (cache.directory / f"{KEY_A}.warm.bin").exists() and not (cache.directory / f"{KEY_A}.bin").exists()
-    assert len(warm_requests(standin)) == 2 and warming(url, KEY_A) == (200, {"warming": False})
-    assert cache.holder is None
+    assert not (cache.directory / f"{KEY_A}.bin").exists() and cache.holder is None
+    assert len(warm_requests(standin)) == 2 and KEY_A not in cache.pending
 
 
 def test_the_newest_warmup_of_a_thread_replaces_an_older_one(proxied):
@@ -292,50 +243,3 @@ def test_the_webs_warmup_is_queued_by_the_proxy_at_once_even_while_a_turn_stream
     assert [m["role"] for m in upstream.body["messages"]] == ["system", "user", "assistant", "user", "assistant"]
     hosted = settings.with_overrides(openai_base_url=url + "/v1", bundled_model=False, prompt_warmup="on")
     assert PromptWarmup(hosted).queued(tid) is False and warmup.queued(tid) is True
-
-
-def test_a_turn_keeps_its_sockets_previous_layout_while_the_new_one_is_warming(proxied, settings):
-    """``app.chat.turn.PromptLayout``: after a fold reached the next checkpoint, a turn sent while the proxy still
-    warms the new prompt keeps the previous prompt's checkpoint (the folded turns verbatim) and says so in its
-    request; once nothing is warming, the turn takes the new layout."""
-    from app.chat.turn import PromptLayout, Turn
-    from app.compaction.service import fold_at_cap
-    from app.extensions import Services
-    from app.llm.client import CancelEvent, StreamStats
-    from tests.fixtures.celery_worker import commit_turn, thread_id_for
-
-    url, cache, standin = proxied
-    bundled = settings.with_overrides(openai_base_url=url + "/v1", bundled_model=True, prompt_warmup="auto")
-    services = Services(bundled)
-    assert bundled.fold_step == 4
-    tid = thread_id_for("layout kept")
-    for n in range(1, 13):
-        commit_turn(services.store, tid, n, user=f"My locker {n} is {n * 111}.", assistant=f"Noted: {n * 111}.")
-        if n > 4:
-            assert fold_at_cap(services, tid)
-    layout = PromptLayout(checkpoint=4)  # the socket's previous prompt showed turns 1-4 in its record
-
-    def prepared() -> Turn:
-        turn = Turn(services, None, tid, "Which locker is 555?", None, layout=layout)
-        turn.prepare()
-        return turn
-
-    key = thread_cache_key(bundled.secret_key, tid)
-    request(url + "/v1/chat/completions", chat("the new layout"), key, warm=True)
-    wait_for(lambda: warm_requests(standin))
-    kept = prepared()
-    assert (kept.context.checkpoint, kept.keep_warmup, layout.checkpoint) == (4, True, 4)
-    users = [m["content"] for m in kept.context.to_openai() if m["role"] == "user"]
-    assert users[0] == "My locker 5 is 555." and len(users) == 9  # turns 5-12 verbatim, then the question
-    stats = StreamStats()
-    answer = "".join(d.text for d in services.llm.stream_chat(kept.context.to_openai(), cancelled=CancelEvent(),
-                                                              stats=stats, thread_id=tid, keep_warmup=True))
-    assert answer == "ok"
-    assert [(w["key"], w["by"], w["keep"]) for w in cache.warmups] == [(key, key, True)]
-    # the warm-up goes on after the turn; once it is no longer warming (here: a forget dropped it) ...
-    conn = http.client.HTTPConnection(*urllib.parse.urlsplit(url).netloc.split(":"), timeout=10)
-    conn.request("DELETE", "/cache", headers={CACHE_HEADER: key})
-    assert conn.getresponse().status == 204
-    fresh = prepared()  # ... the turn takes the new layout: turns 1-8 in the record
-    assert (fresh.context.checkpoint, fresh.keep_warmup, layout.checkpoint) == (8, False, 8)
-    assert [m["content"] for m in fresh.context.to_openai() if m["role"] == "user"][0] == "My locker 9 is 999."

@@ -36,8 +36,7 @@ from app.llm.client import CancelEvent, StreamStats
 from app.llm.provider import LLMError
 from app.memory.compaction import forms
 from app.memory.compaction.record import sentences
-from app.llm.cache_key import warming
-from app.memory.context import AssembledContext, ContextTooLong, assemble_context, checkpoint_of
+from app.memory.context import AssembledContext, ContextTooLong, assemble_context
 from app.memory.final_turn import FinalTurn, TurnRejected
 from app.memory.state import ThreadState, new_message_id
 from app.memory.status import TurnStatus
@@ -127,20 +126,6 @@ class TurnOutcome:
         return (self.stats.first_token_at - self.started_at) * 1000.0
 
 
-@dataclass
-class PromptLayout:
-    """The layout of one socket's last prompt (README: The bundled model): ``checkpoint``, the last folded turn its
-    record showed (``AssembledContext.checkpoint``; None before the socket's first turn).
-
-    After a fold reaches the next multiple of ``MEMORY_PROMPT_FOLD_STEP``, the thread's new prompt shows more of
-    the record and fewer turns verbatim, and the chat server must read it from the record on; the web has it
-    warmed (``app.llm.warmup``).  A turn sent before that warm-up was read whole keeps this checkpoint instead
-    (more turns verbatim, when they fit the budget): its prompt is the previous one with the newest turn
-    appended, which the server holds, and it says so (``keep_warmup``), so the warm-up goes on after it."""
-
-    checkpoint: int | None = None
-
-
 class Turn(TurnIO):
     """One turn in flight on one connection; its producer's ``TurnIO``.
 
@@ -154,10 +139,8 @@ class Turn(TurnIO):
     """
 
     def __init__(self, services: Services, writer, thread_id: str, text: str, client_id: str | None,
-                 producer: Producer | None = None, layout: PromptLayout | None = None):
+                 producer: Producer | None = None):
         self.services = services
-        self.layout = layout
-        self.keep_warmup = False  # set by prepare(): this prompt keeps the socket's previous layout
         self.writer = writer
         self.thread_id = thread_id
         self.text = text
@@ -318,22 +301,15 @@ class Turn(TurnIO):
         """
         settings = self.services.settings
         self.state = self.load_state()
-        own = checkpoint_of(self.state.record, settings.fold_step)
-        kept = self.layout.checkpoint if self.layout is not None else None
-        at_most = kept if (kept is not None and kept < own and self.archive is not None
-                           and warming(settings, self.thread_id)) else None
         try:
             context = off_the_event_loop(lambda: assemble_context(
                 self.state, self.text, system_prompt=settings.system_prompt, counter=self.services.counter,
                 context_tokens=settings.model_context_tokens, reserved_output_tokens=settings.reserved_output_tokens,
                 archive=self.archive, recall_share=self.recall_share(), fold_step=settings.fold_step,
-                answer_max_tokens=settings.prompt_answer_max_tokens, checkpoint_at_most=at_most))
+                answer_max_tokens=settings.prompt_answer_max_tokens))
         except ContextTooLong:
             self.services.counter.forget(self.text)  # a refused input is never cached
             raise
-        self.keep_warmup = at_most is not None and context.checkpoint < own
-        if self.layout is not None:
-            self.layout.checkpoint = context.checkpoint
         self.context = self.outcome.context = context
         return context
 

@@ -21,7 +21,7 @@ from simple_websocket import ConnectionClosed
 from app.chat.connection import CompactionWarmup, FrameWriter, prompt_warmup
 from app.chat.events import EventHub
 from app.chat.frames import CancelFrame, FrameError, parse_frame
-from app.chat.turn import PromptLayout, Turn
+from app.chat.turn import Turn
 from app.extensions import Services, services
 from app.identity import current_thread_id
 from app.memory.context import ContextTooLong
@@ -181,7 +181,6 @@ def _serve_claimed(ws, writer: FrameWriter, svc: Services, thread_id: str, addre
     hub.register(thread_id, writer.send)
     turn: Turn | None = None
     warmer = CompactionWarmup(svc, thread_id, prompt_warmup(settings), lambda: turn is not None and turn.active)
-    layout = PromptLayout()  # this socket's last prompt layout (a turn may keep it while a warm-up runs)
     if settings.warms_prompts:
         hub.register(thread_id, warmer)
     websocket_opened()
@@ -209,7 +208,7 @@ def _serve_claimed(ws, writer: FrameWriter, svc: Services, thread_id: str, addre
             if data is None:
                 continue
             last_heard = time.monotonic()
-            turn = _handle(svc, writer, thread_id, data, turn, address=address, layout=layout)
+            turn = _handle(svc, writer, thread_id, data, turn, address=address)
     finally:
         websocket_closed()
         hub.unregister(thread_id, writer.send)
@@ -274,7 +273,7 @@ def store_full(svc: Services) -> bool:
 
 
 def _handle(svc: Services, writer: FrameWriter, thread_id: str, data, turn: Turn | None, *,
-            address: str = "unknown", layout: PromptLayout | None = None) -> Turn | None:
+            address: str = "unknown") -> Turn | None:
     """Act on one received frame; return the connection's turn (a new one when a turn started)."""
     try:
         frame = parse_frame(data, max_input_chars=svc.settings.max_input_chars)
@@ -298,7 +297,7 @@ def _handle(svc: Services, writer: FrameWriter, thread_id: str, data, turn: Turn
     except CommandError as exc:
         writer.error(exc.code, exc.message)
         return turn
-    new = Turn(svc, writer, thread_id, frame.text, frame.client_id, producer=producer, layout=layout)
+    new = Turn(svc, writer, thread_id, frame.text, frame.client_id, producer=producer)
     try:
         context = new.prepare()
     except ContextTooLong:

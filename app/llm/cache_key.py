@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import http.client
-import json
 import logging
 from urllib.parse import urlsplit
 
@@ -20,11 +19,6 @@ DROP_TIMEOUT = 2.0
 """Seconds a request to drop a thread's slot file may take."""
 
 CACHE_HEADER = "X-Model-Cache-Key"
-KEEP_HEADER = "X-Model-Keep-Warmup"
-"""``"1"`` on a turn that continues its thread's previous prompt while a warm-up of the thread's new prompt is under
-way (``scripts/slot_cache.py``: the warm-up's part read is kept for later; ``app.chat.turn.PromptLayout``)."""
-WARMING_TIMEOUT = 0.5
-"""Seconds the question "is a warm-up of this thread under way?" may take (a loopback request)."""
 _DOMAIN = b"model-slot-cache\x00"
 
 
@@ -47,39 +41,6 @@ def cache_headers(settings, thread_id: str | None) -> dict[str, str]:
     return {CACHE_HEADER: thread_cache_key(settings.secret_key, thread_id)}
 
 
-def _proxy(settings, thread_id: str, timeout: float) -> tuple[http.client.HTTPConnection, dict] | None:
-    """A connection to the bundled chat server's proxy and the thread's key header, or None (no bundled model,
-    secret or plain-HTTP base URL)."""
-    headers = cache_headers(settings, thread_id)
-    base = getattr(settings, "openai_base_url", None)
-    if not headers or not base:
-        return None
-    parts = urlsplit(base)
-    if parts.scheme != "http" or not parts.hostname:
-        return None
-    return http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout), headers
-
-
-def warming(settings, thread_id: str) -> bool:
-    """Whether the bundled chat server is warming ``thread_id``'s new prompt: a warm-up queued, running or read
-    in part (``GET /cache`` with ``CACHE_HEADER``).  False without the bundled model, and when the server does not
-    answer within ``WARMING_TIMEOUT`` (never raises: a turn then uses the new prompt, as without the question)."""
-    proxy = _proxy(settings, thread_id, WARMING_TIMEOUT)
-    if proxy is None:
-        return False
-    conn, headers = proxy
-    try:
-        conn.request("GET", "/cache", headers=headers)
-        response = conn.getresponse()
-        body = response.read()
-        return response.status == 200 and json.loads(body).get("warming") is True
-    except (OSError, http.client.HTTPException, ValueError, AttributeError) as exc:
-        log.info("warm-up state not known: %s", type(exc).__name__)
-        return False
-    finally:
-        conn.close()
-
-
 def drop_thread_cache(settings, thread_id: str) -> bool:
     """Ask the bundled model's chat server to delete ``thread_id``'s slot file (``DELETE /cache`` with
     ``CACHE_HEADER``; ``scripts/slot_cache.py`` answers it from loopback only), after a forget.
@@ -90,10 +51,14 @@ def drop_thread_cache(settings, thread_id: str) -> bool:
     Returns:
         True when the server answered 204.
     """
-    proxy = _proxy(settings, thread_id, DROP_TIMEOUT)
-    if proxy is None:
+    headers = cache_headers(settings, thread_id)
+    base = getattr(settings, "openai_base_url", None)
+    if not headers or not base:
         return False
-    conn, headers = proxy
+    parts = urlsplit(base)
+    if parts.scheme != "http" or not parts.hostname:
+        return False
+    conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=DROP_TIMEOUT)
     try:
         conn.request("DELETE", "/cache", headers=headers)
         response = conn.getresponse()

@@ -26,7 +26,7 @@ import openai
 import orjson
 from tenacity import RetryError, Retrying, retry_if_exception, stop_after_attempt, stop_before_delay, wait_exponential
 
-from app.llm.cache_key import KEEP_HEADER, cache_headers
+from app.llm.cache_key import cache_headers
 from app.llm.provider import LLMError, make_openai_client, map_error
 from app.llm.sampling import answer_options
 from app.settings import Settings
@@ -617,7 +617,7 @@ class LLMClient:
 
     def stream_chat(self, messages: list[dict], *, cancelled: threading.Event, deadline: float | None = None,
                     stats: StreamStats, model: str | None = None, flush_interval: float = 0.0,
-                    thread_id: str | None = None, keep_warmup: bool = False, **extra) -> Iterator[StreamDelta]:
+                    thread_id: str | None = None, **extra) -> Iterator[StreamDelta]:
         """Yield the answer as ``StreamDelta`` values: each holds every event that had arrived when it was read.
 
         The first one comes as soon as the first token does.  With ``flush_interval`` (seconds) the
@@ -641,8 +641,6 @@ class LLMClient:
             flush_interval: least time between two values after the first (seconds; 0: read on).
             thread_id: the thread the prompt is for: with the bundled model, the request carries its cache key
                 (``app.llm.cache_key``), so the chat server restores that thread's cached prompt.
-            keep_warmup: the prompt continues the thread's previous one while a warm-up of its new one is under
-                way (``KEEP_HEADER``; ``app.chat.turn.PromptLayout``); bundled model only.
             extra: further chat-completion arguments (for example ``tools``, ``tool_choice``);
                 the values then carry ``tool_calls`` parts too.
 
@@ -664,11 +662,8 @@ class LLMClient:
         )
         self._count(1)
         try:
-            headers = cache_headers(self.settings, thread_id)
-            if keep_warmup and headers:
-                headers[KEEP_HEADER] = "1"
             yield from self._stream(retrying, messages, model, deadline, stats, extra, cancelled, flush_interval,
-                                    headers)
+                                    cache_headers(self.settings, thread_id))
         finally:
             self._count(-1)
 

@@ -110,8 +110,6 @@ class AssembledContext:
         prompt_tokens: total prompt tokens; equals ``sum(sections.values())``.
         budget: tokens the prompt may use (context window minus reserved output).
         dropped_turns: whole turns left out of this prompt to fit the budget.
-        checkpoint: the last folded turn the prompt's record shows (the turns folded after it are shown
-            verbatim; ``held_back``); 0 when it shows no record.
     """
 
     messages: tuple[PromptMessage, ...]
@@ -119,7 +117,6 @@ class AssembledContext:
     prompt_tokens: int = 0
     budget: int = 0
     dropped_turns: int = 0
-    checkpoint: int = 0
 
     def to_openai(self) -> list[dict]:
         """Return the prompt as a list of ``{"role", "content"}``."""
@@ -231,31 +228,19 @@ def shorten_answer(text: str, max_tokens: int, counter: TokenCounter) -> str:
     return cut.rstrip() + ANSWER_SHORTENED_MARK
 
 
-def checkpoint_of(record: Record, fold_step: int) -> int:
-    """The last folded turn a prompt's record shows with ``fold_step`` (the module docstring): the last multiple
-    of ``fold_step`` among the folded turns, or the last folded turn when ``fold_step`` <= 1 (0: no record)."""
-    last = max(record.last_turn, 0) if record.lines else 0
-    return last if fold_step <= 1 else last - last % fold_step
-
-
-def held_back(record: Record, archive: ArchiveIndex | None, fold_step: int,
-              checkpoint_at_most: int | None = None) -> tuple[Record, list[ArchivedTurn]]:
+def held_back(record: Record, archive: ArchiveIndex | None, fold_step: int) -> tuple[Record, list[ArchivedTurn]]:
     """The record as a prompt shows it with ``fold_step`` (see the module docstring), and the folded turns shown
     verbatim after it, oldest first: ``(record up to the checkpoint, turns checkpoint+1 .. record.last_turn)``.
-    With ``checkpoint_at_most`` (an earlier prompt's checkpoint, a multiple of ``fold_step``) the checkpoint is
-    at most that: the prompt keeps an earlier layout, with more turns verbatim (``PromptLayout``).
     ``(record, [])`` when ``fold_step`` <= 1, the last folded turn is a checkpoint, or one of the turns after
     the checkpoint is not in ``archive``."""
     last = record.last_turn
     if fold_step <= 1 or archive is None or last <= 0 or not record.lines:
         return record, []
-    checkpoint = checkpoint_of(record, fold_step)
-    if checkpoint_at_most is not None and 0 <= checkpoint_at_most < checkpoint:
-        checkpoint = checkpoint_at_most - checkpoint_at_most % fold_step
+    checkpoint = last - last % fold_step
     if checkpoint >= last:
         return record, []
     wanted: list[ArchivedTurn] = []
-    for turn in reversed(archive.turns):  # the newest are at the end
+    for turn in reversed(archive.turns):  # the newest are at the end: at most fold_step - 1 steps
         if turn.number <= checkpoint:
             break
         if turn.number <= last:
@@ -281,7 +266,6 @@ def assemble_context(
     recall_share: float = RECALL_SHARE,
     fold_step: int = 1,
     answer_max_tokens: int = 0,
-    checkpoint_at_most: int | None = None,
 ) -> AssembledContext:
     """Build the prompt for a new user text from the server's ThreadState.
 
@@ -298,8 +282,6 @@ def assemble_context(
             the module docstring); needs ``archive``.
         answer_max_tokens: each earlier answer (an assistant message of the recent or held-back turns) is shown
             as ``shorten_answer(text, answer_max_tokens)`` (``MEMORY_PROMPT_ANSWER_MAX_TOKENS``; 0: in full).
-        checkpoint_at_most: keep the record shown up to this folded turn at most (``held_back``), when the
-            turns after it fit the budget verbatim; None: the layout of ``fold_step`` alone.
 
     Returns:
         The assembled context with per-section token counts.
@@ -308,16 +290,13 @@ def assemble_context(
         ContextTooLong: the system prompt, the pins and the input alone exceed the budget.
     """
     budget = context_tokens - reserved_output_tokens
-    layouts = [held_back(state.record, archive, fold_step, checkpoint_at_most)]
-    if checkpoint_at_most is not None:  # an earlier layout that does not fit: this fold step's own
-        layouts.append(held_back(state.record, archive, fold_step))
-    for record, verbatim in layouts:
-        if verbatim:
-            try:
-                return _assemble(state, record, verbatim, user_text, system_prompt, counter, budget, archive,
-                                 recall_share, answer_max_tokens, strict=True)
-            except ContextTooLong:
-                pass  # the verbatim turns do not fit: the next layout, at last the whole record (fold_step 1)
+    record, verbatim = held_back(state.record, archive, fold_step)
+    if verbatim:
+        try:
+            return _assemble(state, record, verbatim, user_text, system_prompt, counter, budget, archive,
+                             recall_share, answer_max_tokens, strict=True)
+        except ContextTooLong:
+            pass  # the verbatim turns do not fit: the whole record, as with fold_step 1
     return _assemble(state, state.record, [], user_text, system_prompt, counter, budget, archive, recall_share,
                      answer_max_tokens)
 
@@ -382,5 +361,4 @@ def _assemble(state: ThreadState, record: Record, verbatim: list[ArchivedTurn], 
     for m in messages:
         sections[m.origin] += m.tokens
     sections["input"] += REPLY_PRIMING
-    checkpoint = max(record.last_turn, 0) if record.lines else 0
-    return AssembledContext(messages, sections, sum(sections.values()), budget, dropped, checkpoint)
+    return AssembledContext(messages, sections, sum(sections.values()), budget, dropped)

@@ -127,7 +127,7 @@ def stream_reply(io: TurnIO, messages: list[dict], *, new_paragraph: bool = Fals
     for delta in io.services.llm.stream_chat(messages, cancelled=io.cancelled,
                                              deadline=io.deadline if deadline is None else deadline,
                                              stats=io.stats, flush_interval=io.services.settings.stream_flush_interval,
-                                             thread_id=io.thread_id, keep_warmup=io.keep_warmup, **extra):
+                                             thread_id=io.thread_id, **extra):
         shown = strip.feed(delta.text) if delta.text else ""
         if shown and not send(shown):
             reply.text, reply.cancelled = "".join(pieces), True

@@ -79,8 +79,6 @@ class TurnIO(Protocol):
         stats: the ``StreamStats`` the streamed model calls fill (tokens, first-token time).
         message_id: the assistant message id the turn writes.
         user_id: the user message id the turn writes.
-        keep_warmup: the prompt keeps the thread's previous layout while the chat server warms its new one
-            (``app.chat.turn.PromptLayout``): model calls say so (``app.llm.cache_key.KEEP_HEADER``).
     """
 
     services: Services
@@ -92,7 +90,6 @@ class TurnIO(Protocol):
     stats: StreamStats
     message_id: str
     user_id: str
-    keep_warmup: bool
 
     @property
     def deadline(self) -> float:
