@@ -31,14 +31,24 @@ Measures, per configuration:
 - copy: the share of answers (from the second on) whose similarity ratio (``difflib.SequenceMatcher.ratio`` over the
   whitespace-normalised texts: 2 x matched characters / total characters) with an earlier answer of the same
   conversation is at least ``COPY_RATIO`` 0.8;
+- echo: the share of answers whose similarity ratio (as for copy) with the person's own message of that turn is at
+  least ``ECHO_RATIO`` 0.85 (the model said the person's words back);
+- tag: the share of answers containing ``<record`` or ``<recalled`` (the model copied its prompt's markup);
 - recall: of the planted questions, how many answers contain the planted value (answered) beside how many prompts
-  held it (retained in the prompt).  The 0.5B model reads context imperfectly: answered is not retained.
+  held it (retained in the prompt).  The 0.5B model reads context imperfectly: answered is not retained;
+- prompt-read and decode speed: llama.cpp's ``timings`` of the streamed answers (prompt tokens read / prompt
+  seconds, answer tokens / decode seconds, summed over the answers), tokens/s.
+
+``--model PATH`` serves another GGUF file with the same server settings (the bundled one by default), to compare
+models with the same seed; ``--template-kwargs JSON`` adds llama.cpp's ``chat_template_kwargs`` to every request
+(e.g. ``'{"enable_thinking": false}'`` for Qwen3).
 
 Usage::
 
     python -m bench.answers                               # 2 conversations (1 English, 1 Chinese) x 30 turns
     python -m bench.answers --turns 40 --conversations 4  # more
     python -m bench.answers --seed 1234                   # repeat a run's choice of conversations
+    python -m bench.answers --only product --seed 1234 --model .local/candidates/other.gguf   # another model
 """
 
 from __future__ import annotations
@@ -74,6 +84,8 @@ from bench.replay import KDCONV_DOMAINS, KDCONV_FILE, LOCOMO_FILE, _read_json, l
 
 DATA = Path("/work/shared/data")
 COPY_RATIO = 0.8
+ECHO_RATIO = 0.85
+TAGS = ("<record", "<recalled")
 BASELINE_SYSTEM_PROMPT = (
     "You are a helpful assistant. Answer in the language the person writes in. "
     "Earlier parts of the conversation may be given to you as a record between <record> and </record>: "
@@ -103,6 +115,13 @@ class Answer:
     copy: bool = False
     expected: str | None = None  # the planted value a recall question asks for
     retained: bool = False
+    echo: bool = False  # similar to the person's own message of the turn (ECHO_RATIO)
+    tag: bool = False  # contains one of TAGS
+    prompt_n: int = 0  # llama.cpp's timings: prompt tokens read, their ms, answer tokens decoded, their ms
+    prompt_ms: float = 0.0
+    predicted_n: int = 0
+    predicted_ms: float = 0.0
+    load: float = 0.0  # 1-minute load average when the turn ended
 
 
 @dataclass
@@ -147,15 +166,24 @@ def has_loop(text: str) -> bool:
     return False
 
 
-def copies(text: str, earlier: list[str]) -> bool:
-    """True when ``text`` has a similarity ratio >= COPY_RATIO with one of ``earlier`` (see the module docstring)."""
+def copies(text: str, earlier: list[str], ratio: float = COPY_RATIO) -> bool:
+    """True when ``text`` has a similarity ratio >= ``ratio`` with one of ``earlier`` (see the module docstring)."""
     norm = " ".join(text.split())
     for other in earlier:
         matcher = difflib.SequenceMatcher(None, norm, " ".join(other.split()), autojunk=False)
-        if matcher.real_quick_ratio() >= COPY_RATIO and matcher.quick_ratio() >= COPY_RATIO \
-                and matcher.ratio() >= COPY_RATIO:
+        if matcher.real_quick_ratio() >= ratio and matcher.quick_ratio() >= ratio and matcher.ratio() >= ratio:
             return True
     return False
+
+
+def echoes(text: str, message: str) -> bool:
+    """True when the answer ``text`` says the person's ``message`` back (similarity ratio >= ECHO_RATIO)."""
+    return copies(text, [message], ECHO_RATIO)
+
+
+def has_tag(text: str) -> bool:
+    """True when the answer copies the prompt's markup (``<record`` or ``<recalled``)."""
+    return any(tag in text for tag in TAGS)
 
 
 # -- conversations -------------------------------------------------------------------------------------
@@ -195,8 +223,10 @@ def expected_of(lang: str, text: str) -> str | None:
     return next((value for _, question, value in PLANTED[lang] if question == text), None)
 
 
-def stream(url: str, messages: list[dict], options: dict, seed: int, timeout: float = 300.0) -> tuple[str, int, float, float]:
-    """One streamed chat request: ``(text, completion tokens, seconds to first text, seconds to the end)``."""
+def stream(url: str, messages: list[dict], options: dict, seed: int, timeout: float = 300.0,
+           timings: dict | None = None) -> tuple[str, int, float, float]:
+    """One streamed chat request: ``(text, completion tokens, seconds to first text, seconds to the end)``;
+    llama.cpp's last ``timings`` (prompt_n, prompt_ms, predicted_n, predicted_ms, ...) go into ``timings``."""
     body = {"model": "bundled", "messages": messages, "stream": True, "stream_options": {"include_usage": True},
             "seed": seed, **options}
     request = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(),
@@ -217,6 +247,8 @@ def stream(url: str, messages: list[dict], options: dict, seed: int, timeout: fl
                     parts.append(piece)
             if event.get("usage"):
                 tokens = event["usage"].get("completion_tokens") or tokens
+            if timings is not None and isinstance(event.get("timings"), dict):
+                timings.update(event["timings"])
     end = time.monotonic() - started
     return "".join(parts), tokens, first if first is not None else end, end
 
@@ -257,15 +289,21 @@ def run_conversation(url: str, config: Config, name: str, lang: str, texts: list
                                    recall_share=share, fold_step=settings.fold_step,
                                    answer_max_tokens=config.window)
         messages = context.to_openai()
-        answer_text, tokens, first, end = stream(url, messages, config.options, seed)
+        timings: dict = {}
+        answer_text, tokens, first, end = stream(url, messages, config.options, seed, timings=timings)
         expected = expected_of(lang, text)
         prompt_text = "\n".join(m["content"] for m in messages[:-1])
         config.answers.append(Answer(name, answer_text, tokens, first, end, has_loop(answer_text),
                                      copies(answer_text, earlier), expected,
-                                     expected is not None and expected in prompt_text))
+                                     expected is not None and expected in prompt_text,
+                                     echoes(answer_text, text), has_tag(answer_text),
+                                     int(timings.get("prompt_n") or 0), float(timings.get("prompt_ms") or 0.0),
+                                     int(timings.get("predicted_n") or 0), float(timings.get("predicted_ms") or 0.0),
+                                     os.getloadavg()[0]))
         earlier.append(answer_text)
         print(f"  {config.name} {name} turn {number}: {tokens} tokens, {end:.1f} s"
               f"{' LOOP' if config.answers[-1].loop else ''}{' COPY' if config.answers[-1].copy else ''}"
+              f"{' ECHO' if config.answers[-1].echo else ''}{' TAG' if config.answers[-1].tag else ''}"
               f"{f' recall {expected!r}: ' + ('answered' if expected in answer_text else 'not answered') if expected else ''}",
               flush=True)
         state = ThreadState(messages=state.messages + (
@@ -276,8 +314,9 @@ def run_conversation(url: str, config: Config, name: str, lang: str, texts: list
 
 
 def table(configs: list[Config]) -> str:
-    head = ["config", "answers", "tokens p50", "tokens p95", "first s p50", "end s p50", "end s p95", "loop",
-            "copy", "recall answered (en / zh)", "retained in prompt"]
+    head = ["config", "answers", "tokens p50", "tokens p95", "first s p50", "first s p95", "end s p50", "end s p95",
+            "loop", "copy", "echo", "tag", "recall answered (en / zh)", "retained in prompt", "read tok/s",
+            "decode tok/s", "load mean/max"]
     rows = [head]
     for c in configs:
         a = c.answers
@@ -290,11 +329,19 @@ def table(configs: list[Config]) -> str:
             items = [x for x in asked if x.conversation.startswith(lang_prefix)]
             return share([(x.expected or "") in x.text for x in items])
 
+        def rate(n, ms):
+            return f"{1000 * sum(n) / sum(ms):.1f}" if sum(ms) > 0 else "-"
+
+        loads = [x.load for x in a]
         rows.append([c.name, str(len(a)), f"{pct([x.tokens for x in a], .5):.0f}", f"{pct([x.tokens for x in a], .95):.0f}",
-                     f"{pct([x.first for x in a], .5):.1f}", f"{pct([x.end for x in a], .5):.1f}",
-                     f"{pct([x.end for x in a], .95):.1f}", share([x.loop for x in a]),
-                     share([x.copy for x in a]), f"{by('locomo')} / {by('kdconv')}",
-                     share([x.retained for x in asked])])
+                     f"{pct([x.first for x in a], .5):.1f}", f"{pct([x.first for x in a], .95):.1f}",
+                     f"{pct([x.end for x in a], .5):.1f}", f"{pct([x.end for x in a], .95):.1f}",
+                     share([x.loop for x in a]), share([x.copy for x in a]), share([x.echo for x in a]),
+                     share([x.tag for x in a]), f"{by('locomo')} / {by('kdconv')}",
+                     share([x.retained for x in asked]),
+                     rate([x.prompt_n for x in a], [x.prompt_ms for x in a]),
+                     rate([x.predicted_n for x in a], [x.predicted_ms for x in a]),
+                     f"{sum(loads) / len(loads):.1f}/{max(loads):.1f}" if loads else "-"])
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths)) for r in rows)
 
@@ -305,12 +352,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(log: Path) -> tuple[subprocess.Popen, str]:
+# scripts/model_server.py serving another GGUF file: its supervisor asks ``local_model.fetch()`` for the file.
+SERVE_OTHER_MODEL = ("import sys; from pathlib import Path; sys.path.insert(0, 'scripts'); "
+                     "import local_model, model_server; model = Path(sys.argv[1]).resolve(); "
+                     "local_model.fetch = lambda path=None: model; sys.exit(model_server.main(sys.argv[2:]))")
+
+
+def start_server(log: Path, model: Path | None = None) -> tuple[subprocess.Popen, str]:
+    """The chat server of ``scripts/model_server.py`` on a free port, without slot files; ``model``: serve this GGUF
+    file instead of the bundled one (same settings)."""
     port = free_port()
     env = {**os.environ, "LOCAL_MODEL_SLOT_FILES": "0"}
     out = open(log, "a")
-    proc = subprocess.Popen([sys.executable, "scripts/model_server.py", "--role", "chat", "--port", str(port)],
-                            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env)
+    serve = ["--role", "chat", "--port", str(port)]
+    command = ([sys.executable, "-c", SERVE_OTHER_MODEL, str(model), *serve] if model is not None
+               else [sys.executable, "scripts/model_server.py", *serve])
+    proc = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env)
     out.close()
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:
@@ -331,6 +388,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--url", default=None, help="a running bundled chat server (default: start one)")
     parser.add_argument("--only", choices=("baseline", "product"), default=None)
+    parser.add_argument("--model", type=Path, default=None,
+                        help="serve this GGUF file instead of the bundled model (same server settings; not with --url)")
+    parser.add_argument("--template-kwargs", type=json.loads, default=None,
+                        help="JSON object sent as llama.cpp's chat_template_kwargs with every request, e.g. "
+                             "'{\"enable_thinking\": false}' for Qwen3")
     parser.add_argument("--out", type=Path, default=None,
                         help="also write every answer with its figures to this JSON file (outside the repository: "
                              "it quotes the data set's turns)")
@@ -347,14 +409,19 @@ def main(argv: list[str] | None = None) -> int:
                Config("baseline", BASELINE_SYSTEM_PROMPT, {"max_tokens": 1024}, 0)]
     if args.only:
         configs = [c for c in configs if c.name == args.only]
+    if args.template_kwargs:
+        for c in configs:
+            c.options = {**c.options, "chat_template_kwargs": args.template_kwargs}
+    if args.model is not None and not args.model.is_file():
+        raise SystemExit(f"answers: no model file {args.model}")
     print(f"bench.answers: seed {seed}; {len(convs)} conversations x {args.turns} turns: "
-          f"{', '.join(n for n, _, _ in convs)}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs",
-          flush=True)
+          f"{', '.join(n for n, _, _ in convs)}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; "
+          f"model {args.model or 'bundled'}", flush=True)
     proc = None
     url = args.url
     if url is None:
         log = Path(tempfile.mkdtemp(prefix="bench-answers-")) / "model.log"
-        proc, url = start_server(log)
+        proc, url = start_server(log, args.model)
         print(f"model server: {url} (log {log})", flush=True)
     deadline = time.monotonic() + args.budget_minutes * 60 if args.budget_minutes else float("inf")
     runs = [(config, conv) for config in configs for conv in convs]  # the product's runs first: they are short
@@ -370,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         args.out.write_text(json.dumps({c.name: [vars(a) for a in c.answers] for c in configs}, ensure_ascii=False,
                                        indent=1))
-    print(f"\nbench.answers (seed {seed}; load average {os.getloadavg()[0]:.1f}; "
+    print(f"\nbench.answers (seed {seed}; model {args.model or 'bundled'}; load average {os.getloadavg()[0]:.1f}; "
           f"answers {product.answer_max_tokens} tokens at most in product, 1024 in baseline)")
     print(table(configs))
     return 0
