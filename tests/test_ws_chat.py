@@ -243,3 +243,6 @@ def test_tag_strip_holds_back_only_what_could_still_be_a_tag():
         ["a ", "<b", " ", "", " c ", ""]
     assert strip.feed("x <rec") == "x " and strip.flush() == "<rec"  # the end of the stream releases it
     assert strip.feed("1 < 2") == "1 < 2" and strip.flush() == ""
+    # the mark of an answer shown shortened in the prompt, which the model copied at the end of an answer
+    assert [strip.feed(p) for p in ("She won it. [", "…", "]")] == ["She won it. ", "", ""]
+    assert strip.feed("[1] [a]") == "[1] [a]" and strip.flush() == ""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from app.memory.context import ANSWER_SHORTENED_MARK
 from app.memory.status import TurnStatus
 from app.runtime.producer import ProducerResult, TurnIO
 
@@ -59,18 +60,19 @@ class StreamedReply:
                 call.arguments += function["arguments"]
 
 
-MEMORY_TAGS = ("<record>", "</record>", "<recalled>", "</recalled>")
-"""The tags that frame memory in a prompt (``app.memory.context``, ``app.memory.recall``): never shown as the model's
-text.  The bundled 0.5B model sometimes opens or ends an answer with a made-up ``<recalled>…</recalled>`` line, which
-a person would read as a quotation of memory (README: The bundled model); the words between stay, as the model's."""
-_LONGEST_TAG = max(map(len, MEMORY_TAGS))
+MEMORY_TAGS = ("<record>", "</record>", "<recalled>", "</recalled>", ANSWER_SHORTENED_MARK.strip())
+"""What frames memory in a prompt, never shown as the model's text: the tags around the record and the recalled
+excerpts (``app.memory.context``, ``app.memory.recall``), and the mark that ends an earlier answer the prompt shows
+shortened (`` […]``).  The bundled 0.5B model sometimes opens or ends an answer with a made-up
+``<recalled>…</recalled>`` line, which a person would read as a quotation of memory, or ends it with `` […]``, read
+as an answer cut short (README: The bundled model); the words between stay, as the model's."""
 
 
 class TagStrip:
-    """Takes every ``MEMORY_TAGS`` tag out of streamed text, across piece boundaries.
+    """Takes every ``MEMORY_TAGS`` string out of streamed text, across piece boundaries.
 
-    ``feed(piece)`` returns the text that can be shown now: a piece that ends with what could be the start of a
-    tag holds that part back (at most 10 characters) until the next piece tells; ``flush()`` returns what is still
+    ``feed(piece)`` returns the text that can be shown now: a piece that ends with what could be the start of one
+    holds that part back (at most 10 characters) until the next piece tells; ``flush()`` returns what is still
     held at the end of the stream.
     """
 
@@ -81,11 +83,8 @@ class TagStrip:
         text = self.held + piece
         for tag in MEMORY_TAGS:
             text = text.replace(tag, "")
-        cut = text.rfind("<", max(0, len(text) - _LONGEST_TAG + 1))
-        if cut >= 0 and any(tag.startswith(text[cut:]) for tag in MEMORY_TAGS):
-            text, self.held = text[:cut], text[cut:]
-        else:
-            self.held = ""
+        keep = max((n for tag in MEMORY_TAGS for n in range(1, len(tag)) if text.endswith(tag[:n])), default=0)
+        text, self.held = text[:len(text) - keep], text[len(text) - keep:]
         return text
 
     def flush(self) -> str:
