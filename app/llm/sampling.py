@@ -37,6 +37,7 @@ BUNDLED_SAMPLERS = {
 }
 """llama.cpp sampler fields sent with every chat turn to the bundled model (see the module docstring)."""
 
+
 def answer_options(settings: Settings) -> dict:
     """The chat-completion fields of a turn's request.
 
