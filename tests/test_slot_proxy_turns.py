@@ -153,22 +153,29 @@ def test_the_newest_warmup_of_a_thread_replaces_an_older_one(proxied):
     assert "warm me 2" in json.dumps(second.body["messages"])
 
 
-def test_a_streamed_turn_behind_another_threads_turn_hears_wait_events_then_its_answer(proxied):
-    url, cache, standin = proxied
-    standin.add_rule(Reply(text="slow answer", first_token_delay=3.0), when=lambda b: "slow" in json.dumps(b),
-                     name="slow")
+def behind_a_slow_turn(url: str, cache, text: str) -> tuple[int, list[str]]:
+    """Thread a's turn "slow" holds the slot; thread b's streamed turn ``text`` is sent meanwhile: its status and
+    the data of its events, in order, once a's turn ended too."""
     slow = threading.Thread(target=request, args=(url + "/v1/chat/completions", chat("slow"), KEY_A))
     slow.start()
     wait_for(lambda: cache.turn_holds_slot)
     host, port = url.removeprefix("http://").split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=30)
-    conn.request("POST", "/v1/chat/completions", body=json.dumps({**chat("mine"), "stream": True}),
+    conn.request("POST", "/v1/chat/completions", body=json.dumps({**chat(text), "stream": True}),
                  headers={"Content-Type": "application/json", CACHE_HEADER: KEY_B})
     resp = conn.getresponse()
     events = [line[6:] for line in resp.read().decode().splitlines() if line.startswith("data: ")]
     slow.join(30)
+    return resp.status, events
+
+
+def test_a_streamed_turn_behind_another_threads_turn_hears_wait_events_then_its_answer(proxied):
+    url, cache, standin = proxied
+    standin.add_rule(Reply(text="slow answer", first_token_delay=3.0), when=lambda b: "slow" in json.dumps(b),
+                     name="slow")
+    status, events = behind_a_slow_turn(url, cache, "mine")
     waits = [e for e in events if e.startswith('{"object": "x.wait"')]
-    assert resp.status == 200 and json.loads(waits[0]) == {"object": "x.wait", "reason": "another_turn"}
+    assert status == 200 and json.loads(waits[0]) == {"object": "x.wait", "reason": "another_turn"}
     assert 2 <= len(waits) <= 4  # the first at once, then every 2 s while the 3 s turn ran
     assert events[:len(waits)] == waits and events[-1] == "[DONE]"
     assert "ok" in "".join(json.loads(e)["choices"][0]["delta"].get("content") or ""
@@ -179,17 +186,8 @@ def test_a_waiting_streamed_turn_whose_upstream_fails_ends_with_one_error_event(
     url, cache, standin = proxied
     standin.add_rule(Reply(text="slow answer", first_token_delay=1.0), when=lambda b: "slow" in json.dumps(b))
     standin.add_rule(Reply(status=500, error_message="boom"), when=lambda b: "fails" in json.dumps(b))
-    slow = threading.Thread(target=request, args=(url + "/v1/chat/completions", chat("slow"), KEY_A))
-    slow.start()
-    wait_for(lambda: cache.turn_holds_slot)
-    host, port = url.removeprefix("http://").split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=30)
-    conn.request("POST", "/v1/chat/completions", body=json.dumps({**chat("fails"), "stream": True}),
-                 headers={"Content-Type": "application/json", CACHE_HEADER: KEY_B})
-    resp = conn.getresponse()
-    events = [line[6:] for line in resp.read().decode().splitlines() if line.startswith("data: ")]
-    slow.join(30)
-    assert resp.status == 200 and json.loads(events[0])["object"] == "x.wait"
+    status, events = behind_a_slow_turn(url, cache, "fails")
+    assert status == 200 and json.loads(events[0])["object"] == "x.wait"
     assert json.loads(events[-1]) == {"error": {"message": "The model server could not answer.", "code": 500}}
     assert [e for e in events if "error" in e] == events[-1:] and "boom" not in "".join(events)
 

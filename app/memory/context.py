@@ -52,7 +52,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from app.memory.recall import RECALL_SHARE, ArchivedTurn, ArchiveIndex, format_recall, recall
+from app.memory.recall import RECALL_FOOTER, RECALL_SHARE, ArchivedTurn, ArchiveIndex, format_recall, recall
 from app.memory.record import HEADER as RECORD_LINES_HEADER
 from app.memory.record import Record
 from app.memory.state import ThreadState
@@ -70,6 +70,9 @@ PINS_HEADER = "Decisions the person pinned (keep to these):\n"
 SHORTENED_MARK = " …"
 ANSWER_SHORTENED_MARK = " […]"
 """Ends an earlier answer that the prompt shows shortened (``shorten_answer``)."""
+PROMPT_MARKUP = ("<record>", RECORD_FOOTER.strip(), "<recalled>", RECALL_FOOTER.strip(), ANSWER_SHORTENED_MARK.strip())
+"""The marks a prompt frames memory with: the record's and the recalled excerpts' tags, and the end of a shortened
+answer.  Never the model's text to show (``app.runtime.chat.TagStrip``)."""
 _BREAKS = ("\n", ". ", "! ", "? ", "。", "！", "？", "; ", "；")
 
 

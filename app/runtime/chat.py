@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from app.memory.context import ANSWER_SHORTENED_MARK
+from app.memory.context import PROMPT_MARKUP
 from app.memory.status import TurnStatus
 from app.runtime.producer import ProducerResult, TurnIO
 
@@ -60,16 +60,12 @@ class StreamedReply:
                 call.arguments += function["arguments"]
 
 
-MEMORY_TAGS = ("<record>", "</record>", "<recalled>", "</recalled>", ANSWER_SHORTENED_MARK.strip())
-"""What frames memory in a prompt, never shown as the model's text: the tags around the record and the recalled
-excerpts (``app.memory.context``, ``app.memory.recall``), and the mark that ends an earlier answer the prompt shows
-shortened (`` […]``).  The bundled 0.5B model sometimes opens or ends an answer with a made-up
-``<recalled>…</recalled>`` line, which a person would read as a quotation of memory, or ends it with `` […]``, read
-as an answer cut short (README: The bundled model); the words between stay, as the model's."""
-
-
 class TagStrip:
-    """Takes every ``MEMORY_TAGS`` string out of streamed text, across piece boundaries.
+    """Takes every mark a prompt frames memory with (``app.memory.context.PROMPT_MARKUP``: the record's and the
+    recalled excerpts' tags, the `` […]`` of a shortened answer) out of streamed text, across piece boundaries.
+    The bundled 0.5B model sometimes opens or ends an answer with a made-up ``<recalled>…</recalled>`` line, which a
+    person would read as a quotation of memory, or ends it with `` […]``, read as an answer cut short (README: The
+    bundled model); the words between stay, as the model's.
 
     ``feed(piece)`` returns the text that can be shown now: a piece that ends with what could be the start of one
     holds that part back (at most 10 characters) until the next piece tells; ``flush()`` returns what is still
@@ -81,9 +77,9 @@ class TagStrip:
 
     def feed(self, piece: str) -> str:
         text = self.held + piece
-        for tag in MEMORY_TAGS:
+        for tag in PROMPT_MARKUP:
             text = text.replace(tag, "")
-        keep = max((n for tag in MEMORY_TAGS for n in range(1, len(tag)) if text.endswith(tag[:n])), default=0)
+        keep = max((n for tag in PROMPT_MARKUP for n in range(1, len(tag)) if text.endswith(tag[:n])), default=0)
         text, self.held = text[:len(text) - keep], text[len(text) - keep:]
         return text
 
