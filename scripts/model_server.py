@@ -408,7 +408,8 @@ def serve(host: str, port: int, timeout: float, role: str = "chat") -> int:
         # (scripts/slot_cache.py), restoring and saving each thread's slot around its requests.
         child_port = _free_port(host)
         cache = slot_cache.SlotCache((host, child_port), slot_cache.slot_dir(os.environ.get("LOCAL_MODEL_SLOT_DIR")),
-                                     max_files=settings["slot_files"], max_bytes=settings["slot_mib"] * 1024 * 1024)
+                                     max_files=settings["slot_files"], max_bytes=settings["slot_mib"] * 1024 * 1024,
+                                     batch=settings["batch"])
         try:
             proxy = slot_cache.make_proxy(cache, host, port)
         except OSError as exc:

@@ -32,9 +32,11 @@ People first (README: The bundled model):
 
 - a warm-up (``X-Model-Warmup: 1`` with a key; ``app/llm/warmup.py``) is answered 202 at once and queued, the
   newest per key replacing an older one (a running one of that key is preempted).  A runner thread reads it while
-  no turn is in the proxy, as a streamed one-token request, so that closing its connection makes llama.cpp cancel
-  it within one batch (``LOCAL_MODEL_BATCH``).  A turn (any other request) preempts it at once: for the same key
-  the slot keeps what the warm-up read and the turn reads only the rest; for another key the part read is saved
+  no turn is in the proxy, in steps of ``WARMUP_CHUNK`` tokens (``SlotCache._warm``: the prompt's tokens from
+  llama.cpp's ``/apply-template`` and ``/tokenize``, then ever longer prefixes), so that a turn waits for one step
+  at most (about 0.25 s here), not for a batch (``LOCAL_MODEL_BATCH``).  A turn (any other request) preempts it at
+  once: for the same key the slot keeps what the warm-up read and the turn reads only the rest; for another key
+  the part read is saved
   to the warm-up key's file before the turn's restore and the warm-up is queued again (it then reads only the
   rest).  A queued warm-up of a turn's own key is dropped (the turn reads that prompt);
 - while a streamed turn waits for the slot behind another turn the proxy answers 200 with an event stream at
@@ -79,6 +81,7 @@ BASE = "base"
 MAX_FILES = 64  # LOCAL_MODEL_SLOT_FILES: slot files kept (threads), the base state included
 MAX_MIB = 1024  # LOCAL_MODEL_SLOT_MIB: their total size, MiB
 UPSTREAM_TIMEOUT = 600.0  # seconds: the longest answer a request may take on the internal server
+WARMUP_CHUNK = 32  # tokens a warm-up reads per step (about 0.25 s here): the longest a preempting turn waits for it
 WAIT_EVENT_SECONDS = 2.0  # a streamed turn waiting behind another turn hears an x.wait event at least this often
 WAIT_EVENT = b'data: {"object": "x.wait", "reason": "another_turn"}\n\n'
 _HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "proxy-connection", "te",
@@ -123,8 +126,11 @@ class SlotCache:
     turns: int = 0  # turns (requests that are not warm-ups) in the proxy, waiting or running
     stopped: bool = False
     turn_holds_slot: bool = False  # a turn (not a warm-up) holds ``lock`` now
+    batch: int = 128  # the server's n_batch (LOCAL_MODEL_BATCH), tokens
+    chunk: int = WARMUP_CHUNK  # tokens read per warm-up step: a preempting turn waits for one step at most
     warmups: list = field(default_factory=list)  # for tests and logs: each warm-up run, as ``warming`` ended
-    #  ({"key", "by", "ok", "cache": tokens reused at its start, "read": prompt tokens done when it ended}; last 100)
+    #  ({"key", "by", "ok", "cache": tokens reused at its start, "read": prompt tokens done when it ended,
+    #  "read_when_preempted": ... when a turn or a forget preempted it}; last 100)
 
     def path(self, name: str) -> Path:
         return self.directory / f"{name}.bin"
@@ -292,6 +298,7 @@ class SlotCache:
             return
         running["by"] = by or "-"
         running["discard"] = discard
+        running["read_when_preempted"] = running["read"]
         conn = running["conn"]
         if conn is not None and conn.sock is not None:
             with _suppress_os():
@@ -306,8 +313,8 @@ class SlotCache:
 
     def run_warmups(self) -> None:
         """The warm-up runner (one thread per proxy, until ``stop``): take the oldest queued warm-up when no turn
-        is in the proxy, make the slot hold its key's state, have the server read the prompt (a streamed one-token
-        request) and save it.  When a turn preempts it, the slot holds the part read so far: for the same key the
+        is in the proxy, make the slot hold its key's state, have the server read the prompt (``_warm``, in steps) and
+        save it.  When a turn preempts it, the slot holds the part read so far: for the same key the
         turn reads only the rest; for another key the part is saved to the warm-up key's file and the warm-up is
         queued again (it then reads only the rest)."""
         while True:
@@ -324,7 +331,7 @@ class SlotCache:
                         self.pending.setdefault(key, body)
                         continue
                     self.warming = running = {"key": key, "conn": None, "by": "", "discard": False, "ok": False,
-                                              "cache": None, "read": 0}
+                                              "cache": None, "read": 0, "read_when_preempted": None}
                 self._note("warm", key)
                 self.prepare(key, body)
                 ok = running["ok"] = self._warm(running, body)
@@ -353,13 +360,74 @@ class SlotCache:
                             self.pending.setdefault(key, body)
 
     def _warm(self, running: dict, body: bytes) -> bool:
-        """Forward a warm-up as a streamed one-token chat completion; True when it was read whole."""
+        """Have the server read a warm-up's prompt; True when it was read whole.
+
+        In steps a turn need not wait for: the prompt's tokens (``_prompt_tokens``), then a streamed one-token
+        completion of all of them whose first ``prompt_progress`` event says how many the slot already holds
+        (``cache``), closed at once when more than ``chunk`` tokens are left (llama.cpp may still read one batch);
+        then completions of ever longer prefixes (``n_predict`` 0), ``chunk`` tokens more each, the first one a
+        batch past the cached part so that nothing the closed request read is cut off.  A turn that preempts the
+        warm-up between two steps waits at most for one step of ``chunk`` tokens, not for a batch.  Without the
+        tokens (a server without ``/apply-template`` or ``/tokenize``) the prompt is read as one streamed request,
+        which a preempting turn cancels by closing it (llama.cpp stops within one batch)."""
         try:
             payload = json.loads(body)
+            tokens = self._prompt_tokens(payload)
             payload.update(stream=True, max_tokens=1, return_progress=True)
             data = json.dumps(payload).encode()
-        except (ValueError, AttributeError):
+        except (ValueError, AttributeError, TypeError):
             return False
+        if tokens is None:
+            return self._stream(running, "/v1/chat/completions", data)
+        probe = json.dumps({"prompt": tokens, "n_predict": 1, "stream": True, "return_progress": True,
+                            "cache_prompt": True}).encode()
+        if self._stream(running, "/completion", probe, close_after=self.chunk):
+            return True
+        with self.cond:
+            if running["by"] or running["cache"] is None:
+                return False
+        done = min(len(tokens), running["cache"] + self.batch)
+        while True:
+            step = json.dumps({"prompt": tokens[:done], "n_predict": 0, "cache_prompt": True}).encode()
+            if self._post("/completion", step) is None:
+                return False
+            with self.cond:
+                running["read"] = done
+                if done >= len(tokens):
+                    return True
+                if running["by"]:
+                    return False
+            done = min(len(tokens), done + self.chunk)
+
+    def _prompt_tokens(self, payload: dict) -> list[int] | None:
+        """The token ids llama.cpp reads for a chat request's prompt (its ``/apply-template`` then ``/tokenize``,
+        special tokens parsed), or None when the server cannot say."""
+        template = self._post("/apply-template", json.dumps(payload).encode())
+        if not isinstance(template, dict) or not isinstance(template.get("prompt"), str):
+            return None
+        answer = self._post("/tokenize", json.dumps({"content": template["prompt"], "parse_special": True}).encode())
+        tokens = answer.get("tokens") if isinstance(answer, dict) else None
+        if not isinstance(tokens, list) or not tokens or not all(isinstance(t, int) for t in tokens):
+            return None
+        return tokens
+
+    def _post(self, path: str, data: bytes) -> Any:
+        """POST JSON to the internal server; its parsed answer on 200, else None."""
+        conn = http.client.HTTPConnection(*self.upstream, timeout=UPSTREAM_TIMEOUT)
+        try:
+            conn.request("POST", path, body=data, headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            raw = resp.read()
+            return json.loads(raw) if resp.status == 200 else None
+        except (OSError, http.client.HTTPException, ValueError):
+            return None
+        finally:
+            conn.close()
+
+    def _stream(self, running: dict, path: str, data: bytes, close_after: int | None = None) -> bool:
+        """Forward a streamed one-token request, noting llama.cpp's ``prompt_progress`` in ``running`` (``cache``:
+        tokens reused at its start; ``read``: prompt tokens done); True when it ended whole.  ``close_after``:
+        close it after the first progress event when more than that many tokens are left to read."""
         conn = http.client.HTTPConnection(*self.upstream, timeout=UPSTREAM_TIMEOUT)
         try:
             conn.connect()
@@ -367,24 +435,28 @@ class SlotCache:
                 running["conn"] = conn
                 if running["by"]:
                     return False
-            conn.request("POST", "/v1/chat/completions", body=data, headers={"Content-Type": "application/json"})
+            conn.request("POST", path, body=data, headers={"Content-Type": "application/json"})
             resp = conn.getresponse()
             pending = b""
             done = False
             while chunk := resp.read1(65536):
                 *lines, pending = (pending + chunk).split(b"\n")
                 for line in lines:
-                    done = done or line.strip() == b"data: [DONE]"
+                    done = done or line.strip() == b"data: [DONE]" or b'"stop":true' in line.replace(b" ", b"")
                     if b'"prompt_progress"' in line:  # llama.cpp's, one per batch: how far it has read
                         with contextlib.suppress(ValueError, AttributeError, TypeError, KeyError):
                             progress = json.loads(line.removeprefix(b"data: "))["prompt_progress"]
                             if running["cache"] is None:
                                 running["cache"] = int(progress.get("cache", 0))
                             running["read"] = int(progress["processed"])
+                            if close_after is not None and int(progress["total"]) - running["read"] > close_after:
+                                return False
             return resp.status == 200 and done
         except (OSError, http.client.HTTPException):
             return False
         finally:
+            with self.cond:
+                running["conn"] = None
             conn.close()
 
 

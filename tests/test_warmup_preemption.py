@@ -5,8 +5,9 @@ llama.cpp's chat server runs for real (``scripts/model_server.py child``, the se
 ``LOCAL_MODEL_BATCH`` tokens) behind the slot proxy, served in this process so the test can read the proxy's
 record of each warm-up (how far llama.cpp said it had read, from its ``prompt_progress`` events).  A thread's
 ~2,000-token prompt is warmed; a turn sent once the server has read part of it starts at once: the server stops
-reading the warm-up (cancelled there, its connection closed), and what it read is never read again — by the same
-thread's turn (which finds it in the slot) nor by the warm-up resumed after another thread's turn.  What is
+reading the warm-up (it reads in steps of ``WARMUP_CHUNK`` tokens and stops after the step under way), and what it
+read is never read again — by the same thread's turn (which finds it in the slot) nor by the warm-up resumed after
+another thread's turn.  What is
 compared is llama.cpp's own ``timings`` (``prompt_n``: tokens read, ``cache_n``: tokens reused) and the order of
 events, never wall-clock.
 """
@@ -125,6 +126,8 @@ def test_a_turn_preempts_its_threads_warmup_and_reads_only_what_the_warmup_had_n
     assert total > 1500  # a realistic prompt (about 2,000 tokens)
     assert run["by"] == key and run["ok"] is False  # preempted by the turn ...
     assert 256 <= run["read"] < total - 300  # ... far from the end of its prefix: the turn did not wait for it
+    # the warm-up reads in steps of WARMUP_CHUNK tokens: the turn waited for the end of one step, never a batch
+    assert 0 <= run["read"] - run["read_when_preempted"] <= slot_cache.WARMUP_CHUNK
     # the turn found what the warm-up had read in the slot (no older file restored over it) and read only the rest
     assert turn["timings"]["cache_n"] >= run["read"]
     assert turn["timings"]["prompt_n"] <= total - run["read"]
@@ -143,6 +146,7 @@ def test_another_threads_turn_preempts_a_warmup_which_resumes_after_it_from_wher
     assert other["status"] == 200 and other["text"]
     first = cache.warmups[before]
     assert first["key"] == key_a and first["by"] == key_b and first["ok"] is False
+    assert 0 <= first["read"] - first["read_when_preempted"] <= slot_cache.WARMUP_CHUNK
     # the warm-up resumes after the turn, from the part it had read (restored from its file), and ends
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and not [w for w in cache.warmups[before + 1:] if w["ok"]]:
