@@ -37,8 +37,8 @@ from app.memory.compaction.answer import AnswerProblem, CompactionAnswer, \
 from app.memory.compaction.facts import extract_facts, fact_present, facts_of, unread_share
 from app.memory.compaction.notes import grounding, merge_notes, normalize_pin
 from app.memory.compaction.policy import GAIN_SHARE, CompactionPlan, notes_token_cap, summary_token_cap
-from app.memory.compaction.record import ABOUT, ASKED, ASSISTANT, PERSON, TOLD, Record, RecordLine, asked_line, asks, \
-    fit_record, mark_replaced, sentences, statement_lines
+from app.memory.compaction.record import ABOUT, ASKED, ASSISTANT, PERSON, TOLD, FitStep, Record, RecordLine, \
+    asked_line, asks, fit_record, mark_replaced, sentences, statement_lines
 from app.memory.context import format_pins, format_summary
 from app.memory.state import ThreadMessage, ThreadState, group_turns, number_turns
 from app.memory.words import key
@@ -108,7 +108,7 @@ class CompactionResult:
     lines_dropped: int = 0
     notes_added: int = 0
     notes_refused: int = 0
-    policy_steps: tuple[str, ...] = ()
+    policy_steps: tuple[FitStep, ...] = ()
     unread_share: float = 0.0
     room_tokens: int = 0
 
