@@ -51,9 +51,9 @@ def plan_of(state, limits=LIMITS, budget=BUDGET):
     return c.plan_compaction(state, limits, COUNTER, budget, fixed_prompt_tokens=c.fixed_prompt_tokens(limits, COUNTER))
 
 
-def compose(state, answer=None, *, limits=LIMITS, budget=BUDGET, force=False):
+def compose(state, answer=None, *, limits=LIMITS, budget=BUDGET):
     return c.compose(state, plan_of(state, limits, budget), answer, limits=limits, counter=COUNTER,
-                     prompt_budget=budget, force=force)
+                     prompt_budget=budget)
 
 
 PLANTED = [
@@ -517,16 +517,6 @@ def test_an_answer_that_would_not_shrink_memory_enough_is_refused_as_growth():
     assert err.value.kind == "growth"
 
 
-def test_a_fold_that_would_free_too_little_is_not_written_unless_at_the_hard_cap():
-    state = thread(6, texts=lambda n: (f"My ticket is INC-{n}, opened on 2025-03-0{n}.", "Noted."))
-    with pytest.raises(c.NoGain):
-        compose(state)
-    forced = compose(state, force=True)
-    folded_cost = c.messages_cost(plan_of(state).folded, COUNTER)
-    assert c.memory_cost(forced.record, forced.notes, [], COUNTER) <= 0.75 * folded_cost
-    assert forced.facts_dropped > 0  # let go by the policy, counted
-
-
 def test_repeated_folds_append_never_rewrite_and_stay_within_both_limits():
     limits = MemoryLimits(summary_max_chars=800)
     state = thread(6, texts=planted)
@@ -575,10 +565,7 @@ def test_a_thirty_turn_chinese_conversation_keeps_every_planted_fact_after_every
         state = ThreadState(tuple(messages), record, (), None, n, n, notes)
         if not c.compaction_due(len(messages), c.uncompacted_tokens(messages, COUNTER), LIMITS, BUDGET):
             continue
-        try:
-            result = compose(state)
-        except c.NoGain:
-            continue
+        result = compose(state)
         plan = plan_of(state)
         messages, record, notes = list(plan.kept), result.record, result.notes
         memory = "\n".join([record.render(), *notes, *(m.text for m in messages)])
@@ -619,7 +606,7 @@ def test_a_record_the_policy_could_not_fit_is_never_returned(monkeypatch):
     assert len(compose(state, limits=limits).summary) <= 200  # the policy fits it
     monkeypatch.setattr(compose_module, "fit_record", lambda record, **_: (record, FitReport()))
     with pytest.raises(c.RecordOverLimit, match="characters after fitting; at most 200"):
-        compose(state, limits=limits, force=True)
+        compose(state, limits=limits)
 
 
 def test_composing_turns_again_adds_no_second_answer_line_for_a_turn_already_written():

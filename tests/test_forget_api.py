@@ -265,7 +265,7 @@ def test_a_fold_prepared_before_a_forget_is_discarded_and_the_next_one_applies(s
     http, tid = session(server)
     seed_with_planted(rig, tid, turns=5)  # turn 1 is due to fold; turn 3 is recent
     prepared = service.prepare(rig.services, tid)
-    result = service._compose(rig.services, prepared, None, require_gain=False)
+    result = service._compose(rig.services, prepared, None)
     assert http.delete(server.url + "/api/chat/turns/3", timeout=10).status_code == 200
     assert service.commit(rig.services, prepared, result).outcome == "stale"
     assert rig.store.load(tid).folded_turns == 0

@@ -2,12 +2,14 @@
 
 The tests read the same tables the rules do: every cue list's entries are recognised as the form that list
 stands for; the rule-group switch (``MEMORY_RULES_OFF``) turns a group off, and only that group; the
-rule budget (regular-expression sites and hand-written word lists in app/memory) holds.
+rule budget (every pattern, data entry and hand-written word list of app/memory; scripts/rule_budget.py) holds
+and breaks when anything is added.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +18,7 @@ import pytest
 
 from app.memory import lexicon, words
 from app.memory.compaction import facts, forms
+from scripts import rule_budget
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -23,7 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_every_list_names_its_group_and_source():
     for language in ("en", "zh"):
         for name, entry in lexicon.table(language).items():
-            assert entry["group"] in lexicon.GROUPS, (language, name)
+            groups = entry["uses"].values() if "uses" in entry else [entry["group"]]
+            assert all(group in lexicon.GROUPS for group in groups), (language, name)
             assert len(entry["source"]) > 10, (language, name)
     for script in ("latin", "zh"):
         for kind, entry in lexicon.table("facts")[script].items():
@@ -108,10 +112,58 @@ def test_the_fact_kinds_are_read_from_the_table():
 
 
 def test_the_rule_budget_holds():
-    result = subprocess.run([sys.executable, "scripts/rule_budget.py"], cwd=ROOT, capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-m", "scripts.rule_budget"], cwd=ROOT, capture_output=True, text=True,
                             timeout=60)
     assert result.returncode == 0, result.stdout
-    summary = result.stdout.strip().splitlines()[-1]
-    sites = int(summary.split("sites: ")[1].split()[0])
-    entries = int(summary.split("entries: ")[1].split()[0])
-    assert sites <= 30 and entries <= 200, summary
+    counts = rule_budget.count()
+    assert (counts.total_patterns, counts.total_entries, counts.total_words) == (
+        rule_budget.MAX_PATTERNS, rule_budget.MAX_ENTRIES, rule_budget.MAX_WORDS), result.stdout
+
+
+def _copy(tmp_path: Path) -> Path:
+    """A copy of app/memory to count (``rule_budget.count(root)``)."""
+    shutil.copytree(ROOT / "app" / "memory", tmp_path / "app" / "memory",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    return tmp_path
+
+
+def _append(path: Path, text: str) -> None:
+    path.write_text(path.read_text(encoding="utf-8") + text, encoding="utf-8")
+
+
+@pytest.mark.parametrize(("where", "added", "figure"), [
+    ("app/memory/recall.py", '\n_EXTRA_RE = re.compile(r"extra")\n', "total_patterns"),
+    ("app/memory/compaction/forms.py", '\n_EXTRA_RE = lexicon.cue("en", "thanks", at="end")\n', "total_patterns"),
+    ("app/memory/lexicon.py", '\n\ndef extra_pattern():\n    return build("extra")\n', "total_patterns"),
+    ("app/memory/data/facts.toml", '\n[latin.extra]\ngroup = "facts.dates"\npattern = \'\'\'extra\'\'\'\n',
+     "total_patterns"),
+    ("app/memory/data/en.toml", '\n[extra]\ngroup = "decision"\nsource = "a test"\nwords = ["extra"]\n',
+     "total_entries"),
+    ("app/memory/data/zh.toml", '\n[extra]\ngroup = "decision"\nsource = "a test"\nwords = "额外"\n',
+     "total_entries"),
+    ("app/memory/hydration.py", '\n_EXTRA = ("one", "two", "three", "four", "five")\n', "total_words"),
+])
+def test_one_pattern_or_entry_more_anywhere_breaks_the_budget(tmp_path, where, added, figure):
+    root = _copy(tmp_path)
+    before = getattr(rule_budget.count(root), figure)
+    _append(root / where, added)
+    assert getattr(rule_budget.count(root), figure) == before + {"zh.toml": 2, "hydration.py": 5}.get(
+        Path(where).name, 1)
+    assert rule_budget.main(["--root", str(root)]) == 1
+
+
+def test_a_word_more_in_a_stop_list_breaks_the_budget(tmp_path):
+    root = _copy(tmp_path)
+    data = root / "app" / "memory" / "data" / "en.toml"
+    data.write_text(data.read_text(encoding="utf-8").replace('"units" = """\n', '"units" = """\nextra ', 1),
+                    encoding="utf-8")
+    assert rule_budget.count(root).total_entries == rule_budget.MAX_ENTRIES + 1
+    assert rule_budget.main(["--root", str(root)]) == 1
+
+
+def test_the_stop_words_are_each_uses_list():
+    function, names, units = (lexicon.stop_words(use) for use in ("function", "names", "units"))
+    assert (len(function), len(names), len(units)) == (144, 224, 91)
+    assert {"the", "it's", "don't"} <= function and "monday" not in function and "per" not in function
+    assert {"monday", "user", "hello"} <= names and "the" not in names
+    assert {"per", "times", "the"} <= units and "monday" not in units

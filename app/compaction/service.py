@@ -5,8 +5,8 @@ asked after every commit that leaves more than ``MEMORY_RECENT_TURNS`` whole tur
 
     hold the marker for as long as the attempt may run ─► load the thread (never data from the task
       message) ─► still due? plan (pure): the oldest whole turns beyond the recent window
-      ─► fold them without the model (``compose(..., answer=None, require_gain=False)``: no gain
-         rule, a fold that frees little still folds; the archive keeps every word)
+      ─► fold them without the model (``compose(..., answer=None)``: no gain rule, a fold that
+         frees little still folds; the archive keeps every word)
       ─► apply_compaction (Lua compare-and-set: generation unchanged, folded ids still the oldest)
            applied: history (step ``fold``), publish "succeeded", release the marker, request
                     again if still due, then ask for a refinement (one pending per thread)
@@ -92,18 +92,11 @@ def retry_countdown(settings, retries: int) -> float:
 
 @dataclass(frozen=True)
 class Prepared:
-    """A thread read for compaction, the plan made from it, the hard cap on stored messages, and the answer of
-    the turn folded last (what a first folded turn that accepts an answer points at)."""
+    """A thread read for compaction (``state``, as loaded) and the plan made from it."""
 
     thread_id: str
     state: ThreadState
     plan: CompactionPlan
-    hard_cap: int
-
-    @property
-    def at_hard_cap(self) -> bool:
-        """True when the thread holds at least ``hard_cap`` messages (fold even without the model)."""
-        return len(self.state.messages) >= self.hard_cap
 
 
 @dataclass
@@ -144,15 +137,15 @@ def prepare(services: Services, thread_id: str) -> Prepared | None:
                                   fixed_prompt_tokens=domain.fixed_prompt_tokens(settings.limits, services.counter))
     if plan is None:
         return None
-    return Prepared(thread_id, state, plan, domain.hard_cap_messages(settings.limits))
+    return Prepared(thread_id, state, plan)
 
 
-def _compose(services: Services, prepared: Prepared, answer: CompactionAnswer | None, *, force: bool = False,
-             require_gain: bool = True):
+def _compose(services: Services, prepared: Prepared, answer: CompactionAnswer | None) -> CompactionResult:
+    """``domain.compose`` with the process's limits: the gain rule for a model ``answer``; without one, a fold
+    that frees little still folds (README: A compaction)."""
     settings = services.settings
     return domain.compose(prepared.state, prepared.plan, answer, limits=settings.limits, counter=services.counter,
-                          prompt_budget=settings.prompt_budget, force=force,
-                          require_gain=require_gain)
+                          prompt_budget=settings.prompt_budget)
 
 
 def _ask(services: Services, messages: list[dict], deadline: float, max_gist_chars: int,
@@ -190,7 +183,6 @@ def produce(services: Services, prepared: Prepared, *, deadline: float | None = 
         LLMError: the provider failed (``rate_limited``, ``timeout``, ``unavailable``,
             ``bad_request``, ``invalid_answer``).
         InvalidCompactionOutput: ``shape``: the answer is not the expected JSON object.
-        NoGain: without a ``fallback``, folding without the model frees too little.
         FactGuardFailure: a composed result lost a guarded fact (never written).
     """
     settings = services.settings
@@ -314,7 +306,7 @@ def run_compaction(services: Services, thread_id: str, seen_version: int, *, att
         return CompactionOutcome(Outcome.SKIPPED, Reason.NOT_DUE)
 
     try:
-        result = _compose(services, prepared, None, require_gain=False)
+        result = _compose(services, prepared, None)
     except domain.FactGuardFailure:
         log.exception("fold of %s: the fact guard refused the fold", short)
         return fail(Reason.FACT_GUARD, prepared, False)
@@ -368,7 +360,7 @@ def fold_at_cap(services: Services, thread_id: str) -> bool:
         prepared = prepare(services, thread_id)
         if prepared is None:
             return False
-        result = _compose(services, prepared, None, require_gain=False)
+        result = _compose(services, prepared, None)
         committed = commit(services, prepared, result)
     except Exception as exc:  # a store failure, a corrupt thread, the fact guard: the turn says memory_full
         log.warning("fold of %s at the hard cap failed: %s", thread_id[:13], type(exc).__name__)
@@ -421,35 +413,23 @@ def run_refinement(services: Services, thread_id: str, token: int, *, attempt: i
     """
     settings = services.settings
     started = time.monotonic()
-    short = thread_id[:13]
     requests = services.compaction_requests
     requests.hold(thread_id, token, running_marker_ttl(settings), refine=True)
-
-    def figures(**more) -> dict:
-        return {"step": STEP_REFINE, "attempt": attempt, "durationMs": int((time.monotonic() - started) * 1000),
-                **more}
-
     try:
         state = services.store.load(thread_id)
         status = services.store.refine_status(thread_id)
     except StoreUnavailable:
-        retry_in = retry_countdown(settings, attempt)
-        requests.hold(thread_id, token, retry_marker_ttl(settings, retry_in), refine=True)
-        return RefineOutcome(Outcome.FAILED, Reason.STORE_UNAVAILABLE, retry_in)
+        return _retry_refinement(services, thread_id, token, attempt)
     except CorruptState:
         requests.release(thread_id, token, refine=True)
         return RefineOutcome(Outcome.SKIPPED, Reason.CORRUPT)
     if state.folded_turns <= status.refined_turns:
         requests.release(thread_id, token, refine=True)
         return RefineOutcome(Outcome.SKIPPED, Reason.NOT_DUE)
-    # With the bundled model the compaction server shares the chat server's CPUs: a call started between two
-    # turns would slow the next ones down, so only a quiet thread is refined (the K-folds rule is off).
-    batch_due = status.unrefined_folds >= settings.compaction_refine_after_folds and not settings.bundled_model
-    if status.activity == STREAMING or (status.activity is not None and not batch_due):
-        wait = STREAMING_POLL_SECONDS if status.activity == STREAMING else status.activity_ms / 1000 + 0.5
-        wait = round(min(max(wait, 1.0), settings.compaction_idle_seconds), 3)
+    wait = _refine_wait(settings, status)
+    if wait is not None:
         requests.hold(thread_id, token, waiting_marker_ttl(settings, wait), refine=True)
-        log.info("refinement of %s waits %.1f s: the thread is %s", short, wait, status.activity)
+        log.info("refinement of %s waits %.1f s: the thread is %s", thread_id[:13], wait, status.activity)
         return RefineOutcome(Outcome.SKIPPED, Reason.NOT_QUIET, reschedule_in=wait)
 
     unrefined = state.folded_turns - status.refined_turns
@@ -457,70 +437,105 @@ def run_refinement(services: Services, thread_id: str, token: int, *, attempt: i
         turns = [t for t in archived_turns(services.store, thread_id, newest=min(unrefined, REFINE_MAX_TURNS))
                  if t.number > status.refined_turns]
     except StoreUnavailable:
-        retry_in = retry_countdown(settings, attempt)
-        requests.hold(thread_id, token, retry_marker_ttl(settings, retry_in), refine=True)
-        return RefineOutcome(Outcome.FAILED, Reason.STORE_UNAVAILABLE, retry_in)
+        return _retry_refinement(services, thread_id, token, attempt)
     calls: list[int] = []
-    result: CompactionResult | None = None
-    reason: Reason | str = Strategy.EXTRACTIVE
+
+    def figures(**more) -> dict:
+        return {"step": STEP_REFINE, "attempt": attempt, "durationMs": int((time.monotonic() - started) * 1000),
+                "turnsRefined": len(turns), "modelCalls": len(calls), "promptTokens": sum(calls), **more}
+
+    result, failure = _refined(services, thread_id, state, turns, started, calls) if turns else (None, None)
     gave_up: Reason | str | None = None
-    if turns:
-        base = replace(state, folded_turns=turns[0].number - 1)
-        plan = refine_plan(state, turns, settings.limits, services.counter, settings.prompt_budget)
-        prepared = Prepared(thread_id, base, plan, domain.hard_cap_messages(settings.limits))
-        _publish(services, thread_id, "started", MESSAGE_STARTED, step=STEP_REFINE)
-        deadline = started + max(settings.compaction_time_limit - TIME_MARGIN_SECONDS, 1.0)
-        try:
-            fallback = _compose(services, prepared, None, require_gain=False)
-            result = produce(services, prepared, deadline=deadline, fallback=fallback, calls=calls)
-            if result is fallback:
-                result = None  # the model added nothing: the record stays as the folds left it
-        except Exception as exc:  # LLMError, a bad answer, a time limit, anything unexpected
-            reason, retryable = _classify(exc)
-            if not isinstance(exc, (LLMError, domain.InvalidCompactionOutput)) and reason != Reason.TIMEOUT:
-                log.exception("refinement of %s: unexpected error", short)
-            if retryable and attempt < settings.compaction_max_retries:
-                retry_in = retry_countdown(settings, attempt)
-                entry = _record(services, thread_id, Outcome.FAILED, reason,
-                                figures(turnsRefined=len(turns), modelCalls=len(calls), promptTokens=sum(calls)),
-                                cleared=state.cleared)
-                _publish(services, thread_id, "failed", MESSAGE_RETRYING, reason=reason, retrying=True,
-                         step=STEP_REFINE)
-                requests.hold(thread_id, token, retry_marker_ttl(settings, retry_in), refine=True)
-                return RefineOutcome(Outcome.FAILED, reason, retry_in, entry)
-            log.warning("refinement of %s failed (%s); the turns stay as the folds wrote them", short, reason)
-            result, gave_up = None, reason
-    if result is not None:
-        reason = result.strategy
+    if failure is not None:
+        gave_up, retryable = failure
+        if retryable and attempt < settings.compaction_max_retries:
+            entry = _record(services, thread_id, Outcome.FAILED, gave_up, figures(), cleared=state.cleared)
+            _publish(services, thread_id, "failed", MESSAGE_RETRYING, reason=gave_up, retrying=True,
+                     step=STEP_REFINE)
+            return _retry_refinement(services, thread_id, token, attempt, gave_up, entry)
+        log.warning("refinement of %s failed (%s); the turns stay as the folds wrote them", thread_id[:13], gave_up)
     try:
         committed = services.store.apply_refinement(
             thread_id, expected_gen=state.gen, refined_turns=state.folded_turns,
             record=result.record if result is not None else state.record,
             notes=list(result.notes if result is not None else state.notes))
     except StoreUnavailable:
-        retry_in = retry_countdown(settings, attempt)
-        requests.hold(thread_id, token, retry_marker_ttl(settings, retry_in), refine=True)
-        return RefineOutcome(Outcome.FAILED, Reason.STORE_UNAVAILABLE, retry_in)
-    more: dict[str, int | float] = {"turnsRefined": len(turns), "modelCalls": len(calls), "promptTokens": sum(calls)}
-    if result is not None:
-        more.update(summaryChars=len(result.summary), notesCount=len(result.notes), factRetention=result.retention)
-    if committed.outcome == Outcome.APPLIED and gave_up is not None:  # the turns are marked refined, without a gist
-        entry = _record(services, thread_id, Outcome.FAILED, gave_up, figures(**more), cleared=state.cleared)
+        return _retry_refinement(services, thread_id, token, attempt)
+    more: dict[str, int | float] = {} if result is None else {
+        "summaryChars": len(result.summary), "notesCount": len(result.notes), "factRetention": result.retention}
+    return _settle_refinement(services, thread_id, token, committed, state, result, gave_up, figures(**more))
+
+
+def _refine_wait(settings, status) -> float | None:
+    """Seconds the refinement waits (``status``: ``RefineStatus``), or None when it runs now: a turn streams
+    (``STREAMING_POLL_SECONDS``), or one ended less than ``COMPACTION_IDLE_SECONDS`` ago with fewer than
+    ``COMPACTION_REFINE_AFTER_FOLDS`` folds unrefined (what is left of that idle time, plus half a second)."""
+    # With the bundled model the compaction server shares the chat server's CPUs: a call started between two
+    # turns would slow the next ones down, so only a quiet thread is refined (the K-folds rule is off).
+    batch_due = status.unrefined_folds >= settings.compaction_refine_after_folds and not settings.bundled_model
+    if not (status.activity == STREAMING or (status.activity is not None and not batch_due)):
+        return None
+    wait = STREAMING_POLL_SECONDS if status.activity == STREAMING else status.activity_ms / 1000 + 0.5
+    return round(min(max(wait, 1.0), settings.compaction_idle_seconds), 3)
+
+
+def _refined(services: Services, thread_id: str, state: ThreadState, turns: list, started: float,
+             calls: list[int]) -> tuple[CompactionResult | None, tuple[Reason | str, bool] | None]:
+    """The model's refinement of ``turns`` (``ArchivedTurn``, oldest first) composed on ``state``; publishes
+    "started".  ``(result, None)``, the result None when the model added nothing (the record stays as the folds
+    left it); ``(None, (reason, retryable))`` when the model or the composition failed (``_classify``)."""
+    settings = services.settings
+    base = replace(state, folded_turns=turns[0].number - 1)
+    prepared = Prepared(thread_id, base, refine_plan(state, turns, settings.limits, services.counter,
+                                                     settings.prompt_budget))
+    _publish(services, thread_id, "started", MESSAGE_STARTED, step=STEP_REFINE)
+    deadline = started + max(settings.compaction_time_limit - TIME_MARGIN_SECONDS, 1.0)
+    try:
+        fallback = _compose(services, prepared, None)
+        result = produce(services, prepared, deadline=deadline, fallback=fallback, calls=calls)
+    except Exception as exc:  # LLMError, a bad answer, a time limit, anything unexpected
+        reason, retryable = _classify(exc)
+        if not isinstance(exc, (LLMError, domain.InvalidCompactionOutput)) and reason != Reason.TIMEOUT:
+            log.exception("refinement of %s: unexpected error", thread_id[:13])
+        return None, (reason, retryable)
+    return (None if result is fallback else result), None
+
+
+def _retry_refinement(services: Services, thread_id: str, token: int, attempt: int,
+                      reason: Reason | str = Reason.STORE_UNAVAILABLE, entry: dict | None = None) -> RefineOutcome:
+    """A failed refinement to retry (a store failure unless ``reason`` says otherwise; nothing written): its
+    marker held for the backoff (``retry_countdown``), the outcome with ``retry_in`` set."""
+    retry_in = retry_countdown(services.settings, attempt)
+    services.compaction_requests.hold(thread_id, token, retry_marker_ttl(services.settings, retry_in), refine=True)
+    return RefineOutcome(Outcome.FAILED, reason, retry_in, entry)
+
+
+def _settle_refinement(services: Services, thread_id: str, token: int, committed: CompactionCommit,
+                       state: ThreadState, result: CompactionResult | None, gave_up: Reason | str | None,
+                       figures: dict) -> RefineOutcome:
+    """After ``apply_refinement``: history, event, log and marker for an applied refinement (a failed one when
+    the model gave up: the turns are marked refined without a gist) or a stale one (asked again after
+    ``COMPACTION_IDLE_SECONDS``)."""
+    requests, short = services.compaction_requests, thread_id[:13]
+    if committed.outcome == Outcome.APPLIED and gave_up is not None:
+        entry = _record(services, thread_id, Outcome.FAILED, gave_up, figures, cleared=state.cleared)
         _publish(services, thread_id, "failed", MESSAGE_FAILED, reason=gave_up, retrying=False, step=STEP_REFINE)
         requests.release(thread_id, token, refine=True)
         return RefineOutcome(Outcome.FAILED, gave_up, None, entry)
     if committed.outcome == Outcome.APPLIED:
-        entry = _record(services, thread_id, Outcome.APPLIED, reason, figures(**more), cleared=state.cleared)
-        _publish(services, thread_id, "succeeded", MESSAGE_SUCCEEDED, turnsRefined=len(turns),
-                 modelCalls=len(calls), step=STEP_REFINE)
+        reason = result.strategy if result is not None else Strategy.EXTRACTIVE
+        entry = _record(services, thread_id, Outcome.APPLIED, reason, figures, cleared=state.cleared)
+        _publish(services, thread_id, "succeeded", MESSAGE_SUCCEEDED, turnsRefined=figures["turnsRefined"],
+                 modelCalls=figures["modelCalls"], step=STEP_REFINE)
         log.info("refinement of %s applied (%s): %d turns, %d model calls, %d prompt tokens, %d ms",
-                 short, reason, len(turns), len(calls), sum(calls), entry["durationMs"])
+                 short, reason, figures["turnsRefined"], figures["modelCalls"], figures["promptTokens"],
+                 entry["durationMs"])
         requests.release(thread_id, token, refine=True)
         return RefineOutcome(Outcome.APPLIED, reason, None, entry, result)
     log.info("refinement of %s discarded: stale (%s)", short, committed.detail)
-    entry = _record(services, thread_id, Outcome.STALE, committed.detail, figures(**more), cleared=state.cleared)
-    wait = float(settings.compaction_idle_seconds)
-    requests.hold(thread_id, token, waiting_marker_ttl(settings, wait), refine=True)
+    entry = _record(services, thread_id, Outcome.STALE, committed.detail, figures, cleared=state.cleared)
+    wait = float(services.settings.compaction_idle_seconds)
+    requests.hold(thread_id, token, waiting_marker_ttl(services.settings, wait), refine=True)
     return RefineOutcome(Outcome.STALE, committed.detail, None, entry, result, reschedule_in=wait)
 
 

@@ -51,7 +51,8 @@ def _groups() -> tuple[str, ...]:
     found: dict[str, None] = {}
     for language in ("en", "zh"):
         for entry in table(language).values():
-            found.setdefault(entry["group"])
+            for group in entry["uses"].values() if "uses" in entry else (entry["group"],):
+                found.setdefault(group)
     for script in table("facts").values():
         for entry in script.values():
             found.setdefault(entry["group"])
@@ -110,6 +111,24 @@ def word_set(language: str, section: str, key: str = "words") -> frozenset[str]:
     """``words(...)`` as a set (lower case for English entries)."""
     entries = words(language, section, key)
     return frozenset(e.lower() for e in entries) if language == "en" else frozenset(entries)
+
+
+@cache
+def stop_words(use: str) -> frozenset[str]:
+    """The English stop words of one use, lower case: ``function`` (recall and note grounding skip them),
+    ``names`` (a capitalised one is never a name) or ``units`` (never the unit after a number).
+
+    ``data/en.toml`` ``[stop_words]`` writes each word once, under a key naming every use that reads it;
+    ``uses`` names each use's group.  Empty when that group is switched off.
+
+    Raises:
+        KeyError: no such use.
+    """
+    entry = table("en")["stop_words"]
+    if not on(entry["uses"][use]):
+        return frozenset()
+    return frozenset(word.lower() for key, value in entry.items() if key not in ("source", "uses")
+                     and use in key.split() for word in value.split())
 
 
 # --------------------------------------------------------------------------------------------- patterns

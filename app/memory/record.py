@@ -27,11 +27,32 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from enum import StrEnum
 from functools import cached_property
 
-ABOUT, ASKED, PERSON, ASSISTANT, TOLD, TEXT = "about", "asked", "person", "assistant", "told", "text"
-KINDS = (ABOUT, ASKED, PERSON, ASSISTANT, TOLD, TEXT)
-LABELS = {ABOUT: "About", ASKED: "Asked", PERSON: "Person", ASSISTANT: "Assistant", TOLD: "Told"}
+
+class LineKind(StrEnum):
+    """What a record line says (``RecordLine.kind``): its member is the very string stored as the line's
+    ``kind`` and sent in the page's ``record`` (docs/contract.md: ThreadState)."""
+
+    ABOUT = "about"
+    """The model's gist of a fold (rendered ``- About: ...``, without a turn number)."""
+    ASKED = "asked"
+    """The opening of a person's message that carried no statement."""
+    PERSON = "person"
+    """A sentence the person wrote."""
+    ASSISTANT = "assistant"
+    """A sentence of an answer."""
+    TOLD = "told"
+    """An answer's sentence the person accepted (read in older records, kept)."""
+    TEXT = "text"
+    """A line of an earlier free-text summary (rendered without a label)."""
+
+
+ABOUT, ASKED, PERSON, ASSISTANT, TOLD, TEXT = (LineKind.ABOUT, LineKind.ASKED, LineKind.PERSON, LineKind.ASSISTANT,
+                                               LineKind.TOLD, LineKind.TEXT)
+KINDS = tuple(LineKind)
+LABELS: dict[str, str] = {ABOUT: "About", ASKED: "Asked", PERSON: "Person", ASSISTANT: "Assistant", TOLD: "Told"}
 """The label a line of each kind renders with (a ``text`` line has none)."""
 HEADER = "Statements kept from earlier turns:"
 FOOTER = "(turns {first}–{last} of this conversation)"
@@ -49,8 +70,9 @@ class RecordLine:
     """One statement of the record.
 
     Attributes:
-        kind: ``about`` (the model's gist of a fold), ``asked``, ``person``, ``assistant``, ``told``
-            (an answer's sentence the person accepted), or ``text`` (a line of an earlier free-text summary).
+        kind: a ``LineKind`` (a plain string equal to one is the same kind): ``about`` (the model's gist of a
+            fold), ``asked``, ``person``, ``assistant``, ``told`` (an answer's sentence the person accepted), or
+            ``text`` (a line of an earlier free-text summary).
         text: the statement, one line, without its label.
         turn: the number of the turn it comes from (0: not known, e.g. a line written before lines had numbers).
         replaced_by: the number of the later turn whose line replaced this one (0: none).
@@ -89,7 +111,7 @@ class RecordLine:
             raise ValueError("a record line's kind is unknown")
         if not isinstance(text, str):
             raise ValueError("a record line's text is a string")
-        return cls(kind, text, _turn(data.get("turn")), _turn(data.get("replacedBy")))
+        return cls(LineKind(kind), text, _turn(data.get("turn")), _turn(data.get("replacedBy")))
 
 
 def _turn(value) -> int:

@@ -10,7 +10,7 @@ letters with diacritics belong to the word: ``müller``); Chinese runs are segme
 written without spaces (Thai, Lao, Khmer, Myanmar, kana) give their overlapping pairs of grapheme clusters;
 every other script's words are runs of the ``regex`` module's Unicode ``\\w`` (letters with their combining
 marks: Cyrillic, Greek, Arabic, Hebrew, Devanagari, Hangul, ...), Hebrew points and Arabic harakat dropped,
-one-letter words left out.  Function words (``lexicon``: ``[function_words]`` of data/en.toml and data/zh.toml)
+one-letter words left out.  Function words (``lexicon``: the ``function`` stop words of data/en.toml, ``[function_words]`` of data/zh.toml)
 are left out unless asked for: they say nothing about which turn is meant.
 
 ``overlap``: the share of one text's distinct tokens found in another.  ``key``: the form two texts compare
@@ -47,7 +47,7 @@ _GRAPHEME = regex.compile(r"\X")
 _POINTED = regex.compile(r"[\p{Hebrew}\p{Arabic}]")
 _POINTS = regex.compile(r"\p{Mn}")  # Hebrew points and Arabic harakat: optional in writing
 
-_EN_FUNCTION = lexicon.word_set("en", "function_words")
+_EN_FUNCTION = lexicon.stop_words("function")
 _ZH_FUNCTION = lexicon.word_set("zh", "function_words")
 
 

@@ -13,7 +13,7 @@ No Flask, Redis, Celery or openai here (``app.compaction`` does the I/O):
 """
 
 from app.memory.compaction.answer import AnswerProblem, CompactionAnswer, InvalidCompactionOutput, validate_answer
-from app.memory.compaction.compose import (CompactionResult, FactGuardFailure, NoGain, RecordOverLimit, Strategy, compose, memory_cost,
+from app.memory.compaction.compose import (CompactionResult, FactGuardFailure, RecordOverLimit, Strategy, compose, memory_cost,
                                            messages_cost)
 from app.memory.compaction.facts import check_facts, extract_facts, fact_present, facts_of, states_decision
 from app.memory.compaction.notes import normalize_pin
@@ -25,7 +25,7 @@ from app.memory.compaction.prompt import (MAX_OUTPUT_TOKENS, PromptTooLong, buil
 __all__ = [
     "AnswerProblem", "Strategy",
     "MAX_OUTPUT_TOKENS", "CompactionAnswer", "CompactionPlan", "CompactionResult", "FactGuardFailure", "RecordOverLimit",
-    "InvalidCompactionOutput", "NoGain", "PromptTooLong", "build_compaction_prompt",
+    "InvalidCompactionOutput", "PromptTooLong", "build_compaction_prompt",
     "check_facts", "compaction_due", "compose", "extract_facts", "fact_present", "facts_of",
     "fixed_prompt_tokens", "gist_chars", "hard_cap_messages", "memory_cost", "messages_cost", "normalize_pin",
     "notes_token_cap", "plan_compaction", "states_decision", "summary_token_cap",

@@ -15,8 +15,8 @@ the model's answer (or None for a fold without the model), it
 4. checks the **gain rule**: memory after (summary + notes + pins) costs at most
    memory before (summary + notes + pins + folded turns) minus ``GAIN_SHARE`` of
    the folded turns, in prompt tokens; otherwise ``InvalidCompactionOutput``
-   ``growth`` for a model answer, ``NoGain`` without one (at the hard cap,
-   ``force=True`` makes room by the same policy instead);
+   ``growth``.  The rule is a model answer's only: a fold without the model folds
+   even when that frees little (README: A compaction; the archive keeps every word);
 5. runs the **fact guard**: every fact of the previous summary and notes, of the
    person's folded messages and of the answer sentences kept must be in the new
    memory, unless the record policy let it go (counted in ``facts_dropped``).
@@ -37,8 +37,8 @@ from app.memory.compaction.answer import AnswerProblem, CompactionAnswer, \
 from app.memory.compaction.facts import extract_facts, fact_present, facts_of, unread_share
 from app.memory.compaction.notes import grounding, merge_notes, normalize_pin
 from app.memory.compaction.policy import GAIN_SHARE, CompactionPlan, notes_token_cap, summary_token_cap
-from app.memory.compaction.record import ABOUT, ASKED, ASSISTANT, PERSON, TOLD, Record, RecordLine, asked_line, asks, \
-    fit_record, mark_replaced, sentences, statement_lines
+from app.memory.compaction.record import ABOUT, ASKED, ASSISTANT, PERSON, TOLD, FitStep, Record, RecordLine, \
+    asked_line, asks, fit_record, mark_replaced, sentences, statement_lines
 from app.memory.context import format_pins, format_summary
 from app.memory.state import ThreadMessage, ThreadState, group_turns, number_turns
 from app.memory.words import key
@@ -57,10 +57,6 @@ class Strategy(StrEnum):
 
     LLM = "llm"
     EXTRACTIVE = "extractive"
-
-
-class NoGain(ValueError):
-    """Folding these turns without the model would not free ``GAIN_SHARE`` of their tokens: nothing is written."""
 
 
 class FactGuardFailure(RuntimeError):
@@ -112,7 +108,7 @@ class CompactionResult:
     lines_dropped: int = 0
     notes_added: int = 0
     notes_refused: int = 0
-    policy_steps: tuple[str, ...] = ()
+    policy_steps: tuple[FitStep, ...] = ()
     unread_share: float = 0.0
     room_tokens: int = 0
 
@@ -184,8 +180,7 @@ def messages_cost(messages: Iterable[ThreadMessage], counter: TokenCounter) -> i
 
 
 def compose(state: ThreadState, plan: CompactionPlan, answer: CompactionAnswer | None, *, limits,
-            counter: TokenCounter, prompt_budget: int, force: bool = False,
-            require_gain: bool = True) -> CompactionResult:
+            counter: TokenCounter, prompt_budget: int, require_gain: bool = True) -> CompactionResult:
     """Build what a compaction writes (see the module docstring).
 
     Args:
@@ -195,16 +190,15 @@ def compose(state: ThreadState, plan: CompactionPlan, answer: CompactionAnswer |
         limits: ``MemoryLimits``.
         counter: the model's token counter.
         prompt_budget: tokens a prompt may use.
-        force: at the hard cap: satisfy the gain rule by the fitting policy instead of refusing.
-        require_gain: False for the worker's fold (README: A compaction): no gain rule, the turns are
-            folded even when that frees little (the archive keeps every word); the record still fits
-            its own character and token limits.
+        require_gain: False: no gain rule for a model answer either.  A fold without the model
+            (``answer`` None) never applies it (README: A compaction): the turns are folded even when
+            that frees little (the archive keeps every word); the record still fits its own character
+            and token limits.
 
     Raises:
         InvalidCompactionOutput: ``ungrounded`` (the gist names facts found nowhere) or
             ``growth`` (the answer makes memory shrink too little); ask once more, then
             fold without the model.
-        NoGain: without a model answer, the fold would free too little (and ``force`` is False).
         FactGuardFailure: a guarded fact went missing (never written).
     """
     pins = state.pinned_decisions
@@ -254,18 +248,10 @@ def compose(state: ThreadState, plan: CompactionPlan, answer: CompactionAnswer |
     before_memory = memory_cost(state.record, state.notes, pins, counter)
     allowed = before_memory + folded_cost - GAIN_SHARE * folded_cost
     after_memory = memory_cost(fitted, merged.notes, pins, counter)
-    if require_gain and after_memory > allowed:
-        if answer is not None:
-            raise InvalidCompactionOutput(AnswerProblem.GROWTH, [
-                f"memory would cost {after_memory} tokens, more than the {int(allowed)} allowed: write a much "
-                "shorter summary and fewer pinnedDecisions"])
-        if not force:
-            raise NoGain(f"memory would cost {after_memory} tokens; at most {int(allowed)} allowed")
-        while after_memory > allowed and fitted.lines and max_tokens > 0:
-            max_tokens = max_tokens - max(int(after_memory - allowed), 8)
-            fitted, report = fit_record(record, max_chars=limits.summary_max_chars, max_tokens=max(max_tokens, 0),
-                                        counter=counter, reference_text=reference)
-            after_memory = memory_cost(fitted, merged.notes, pins, counter)
+    if answer is not None and require_gain and after_memory > allowed:
+        raise InvalidCompactionOutput(AnswerProblem.GROWTH, [
+            f"memory would cost {after_memory} tokens, more than the {int(allowed)} allowed: write a much "
+            "shorter summary and fewer pinnedDecisions"])
 
     # What the fold added is guarded (the record keeps it, or the policy reports letting it go); which of
     # the person's sentences enter the record is decided by their form (``record.statement_sentences``).

@@ -37,7 +37,7 @@ _ZH_PATTERNS = [pattern for _, pattern in lexicon.fact_patterns("zh")]
 
 # A number and its unit or counted noun: 68 kg, 3 replicas, 9000 euros, $300, 12,000 requests, 40%.
 _NUMBERS = lexicon.on("facts.numbers")
-_UNIT_STOPWORDS = lexicon.word_set("en", "units", "not_units")
+_UNIT_STOPWORDS = lexicon.stop_words("units")
 _UPPER_UNITS = frozenset(lexicon.words("en", "units", "upper"))
 _EXCLUDED_TOKENS = frozenset(lexicon.words("en", "units", "not_facts"))
 _NUMBER = r"[$€£¥]?\d{1,3}(?:,\d{3})+(?:\.\d+)?|[$€£¥]?\d+(?:\.\d+)?"
@@ -47,7 +47,7 @@ _TRAILING = ".,;:!?)]}'\"’”。，；：！？）】」"
 _NAMES = lexicon.on("facts.names")
 _NAME_WORD = r"[A-Z](?:[a-z]+|(?=['’][A-Z]))(?:['’-][A-Za-z]+)*"
 _NAME_RE = re.compile(rf"(?<![A-Za-z0-9]){_NAME_WORD}(?: (?:{_NAME_WORD}|[A-Z]\.))*(?![A-Za-z0-9])")
-_NOT_NAMES = lexicon.word_set("en", "not_names")
+_NOT_NAMES = lexicon.stop_words("names")
 
 _ZH_NAMES = lexicon.on("facts.zh_names")
 _ZH_PERSON_FLAGS = frozenset(lexicon.words("zh", "names", "person_flags"))

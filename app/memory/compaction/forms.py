@@ -30,19 +30,29 @@ last week, do you know a good cafe?") keeps that clause (``statement_clauses``).
 from __future__ import annotations
 
 import re
+from enum import StrEnum
 
 from app.memory import lexicon
 from app.memory.compaction.facts import extract_facts
 from app.memory.text import CJK_RE
 
-STATEMENT = "statement"
-QUESTION = "question"
-REQUEST = "request"
-GREETING = "greeting"
-THANKS = "thanks"
-ACKNOWLEDGEMENT = "acknowledgement"
-INSTRUCTION = "instruction"
-FORMS = (STATEMENT, QUESTION, REQUEST, GREETING, THANKS, ACKNOWLEDGEMENT, INSTRUCTION)
+
+
+class Form(StrEnum):
+    """The form of a sentence (``sentence_form``; see the module docstring): a member equals its plain string."""
+
+    STATEMENT = "statement"
+    QUESTION = "question"
+    REQUEST = "request"
+    GREETING = "greeting"
+    THANKS = "thanks"
+    ACKNOWLEDGEMENT = "acknowledgement"
+    INSTRUCTION = "instruction"
+
+
+STATEMENT, QUESTION, REQUEST, GREETING, THANKS, ACKNOWLEDGEMENT, INSTRUCTION = (
+    Form.STATEMENT, Form.QUESTION, Form.REQUEST, Form.GREETING, Form.THANKS, Form.ACKNOWLEDGEMENT, Form.INSTRUCTION)
+FORMS = tuple(Form)
 
 SHORT_WORDS = 6
 """A greeting, thanks or acknowledgement is at most this many words (longer sentences say more)."""
@@ -128,7 +138,7 @@ def may_ask(sentence: str) -> bool:
                                                                   and _ZH_ASKS_RE.search(sentence))
 
 
-def sentence_form(sentence: str) -> str:
+def sentence_form(sentence: str) -> Form:
     """The form of one sentence: one of ``FORMS`` (see the module docstring).
 
     Args:

@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from functools import lru_cache
 from typing import Iterable, Sequence
 
@@ -344,6 +345,20 @@ def mark_replaced(lines: Sequence[RecordLine]) -> tuple[RecordLine, ...]:
 # ------------------------------------------------------------------------------------------ fitting
 
 
+class FitStep(StrEnum):
+    """A step of the fitting policy (``fit_record``), in the order it is tried; each is the rule group
+    ``policy.<step>`` a benchmark may switch off (``lexicon.POLICY_STEPS``; docs/ablation.md)."""
+
+    ABOUT = "about"
+    """Drop the ``About:`` and ``Asked:`` lines."""
+    SHORTEN = "shorten"
+    """Cut long lines to their facts (``SHORT_LINE_CHARS``)."""
+    ASSISTANT = "assistant"
+    """Drop answer lines (``Assistant``, ``Told``, free text), least referenced and oldest first."""
+    PERSON = "person"
+    """Drop the person's lines, least referenced and oldest first."""
+
+
 @dataclass(frozen=True)
 class FitReport:
     """What ``fit_record`` had to do.
@@ -352,13 +367,13 @@ class FitReport:
         dropped_lines: how many lines were removed.
         shortened_lines: how many lines were cut to their facts.
         dropped_facts: facts that are in no remaining line any more (let go by the policy).
-        steps: the policy steps used, in order (``about``, ``shorten``, ``assistant``, ``person``).
+        steps: the policy steps used (``FitStep``), in order.
     """
 
     dropped_lines: int = 0
     shortened_lines: int = 0
     dropped_facts: tuple[str, ...] = ()
-    steps: tuple[str, ...] = field(default_factory=tuple)
+    steps: tuple[FitStep, ...] = field(default_factory=tuple)
 
 
 def record_cost(record: Record, counter: TokenCounter) -> tuple[int, int]:
@@ -389,7 +404,7 @@ def fit_record(record: Record, *, max_chars: int, max_tokens: int, counter: Toke
         chars, tokens = record_cost(replace(record, lines=tuple(lines)), counter)
         return chars <= max_chars and tokens <= max_tokens
 
-    steps: list[str] = []
+    steps: list[FitStep] = []
     dropped = shortened = 0
     if fits():
         return record, FitReport()
@@ -406,7 +421,7 @@ def fit_record(record: Record, *, max_chars: int, max_tokens: int, counter: Toke
                 others |= units.get(id(other)) or set(tokenize(other.text))
         return len(mine & others)
 
-    def drop_where(step: str, predicate, order=None) -> bool:
+    def drop_where(step: FitStep, predicate, order=None) -> bool:
         nonlocal dropped
         if not lexicon.on(f"policy.{step}"):  # switched off (``lexicon``: a benchmark's ablation)
             return fits()
@@ -424,9 +439,9 @@ def fit_record(record: Record, *, max_chars: int, max_tokens: int, counter: Toke
             dropped += 1
         return fits()
 
-    if drop_where("about", lambda line: line.kind in (ABOUT, ASKED)):
+    if drop_where(FitStep.ABOUT, lambda line: line.kind in (ABOUT, ASKED)):
         return _done(record, lines, dropped, shortened, steps, original_facts)
-    for i, line in enumerate(lines if lexicon.on("policy.shorten") else ()):
+    for i, line in enumerate(lines if lexicon.on(f"policy.{FitStep.SHORTEN}") else ()):
         if fits():
             break
         if len(line.text) > SHORT_LINE_CHARS:
@@ -434,20 +449,20 @@ def fit_record(record: Record, *, max_chars: int, max_tokens: int, counter: Toke
             if short != line.text:
                 lines[i] = replace(line, text=short)
                 shortened += 1
-                if "shorten" not in steps:
-                    steps.append("shorten")
+                if FitStep.SHORTEN not in steps:
+                    steps.append(FitStep.SHORTEN)
     if fits():
         return _done(record, lines, dropped, shortened, steps, original_facts)
 
     age = {id(line): index for index, line in enumerate(lines)}
-    for step, kinds in (("assistant", (ASSISTANT, TOLD, TEXT)), ("person", (PERSON,))):
+    for step, kinds in ((FitStep.ASSISTANT, (ASSISTANT, TOLD, TEXT)), (FitStep.PERSON, (PERSON,))):
         if drop_where(step, lambda line, k=kinds: line.kind in k,
                       lambda line: (references(line), age.get(id(line), 0))):
             break
     return _done(record, lines, dropped, shortened, steps, original_facts)
 
 
-def _done(record: Record, lines: list[RecordLine], dropped: int, shortened: int, steps: list[str],
+def _done(record: Record, lines: list[RecordLine], dropped: int, shortened: int, steps: list[FitStep],
           original_facts: set[str]) -> tuple[Record, FitReport]:
     text = "\n".join(line.text for line in lines if line.kind not in (ABOUT, ASKED))
     lost = tuple(sorted(f for f in original_facts if not fact_present(f, text)))
