@@ -48,7 +48,7 @@ $(DEV_STAMP): $(STAMP) requirements-dev.txt
 # over the files [tool.mypy] names; both run, and the target fails when either finds anything.
 check: $(DEV_STAMP)
 	status=0; \
-	$(BIN)/ruff check app workers scripts bench celery_app.py wsgi.py || status=1; \
+	$(BIN)/ruff check app workers scripts bench support tests celery_app.py wsgi.py || status=1; \
 	$(BIN)/mypy || status=1; \
 	exit $$status
 

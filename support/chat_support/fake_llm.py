@@ -158,6 +158,9 @@ def words(n: int, word: str = "word") -> list[str]:
 # --------------------------------------------------------------------------- Reply
 
 
+_monotonic = time.monotonic  # a field of RecordedRequest is named ``time``
+
+
 @dataclass
 class Reply:
     """How the fake answers one chat-completions request.
@@ -368,7 +371,7 @@ class RecordedRequest:
     rule: Optional[str] = None
     answer: Optional[str] = None
     usage: Optional[dict] = None
-    started: float = field(default_factory=time.monotonic)
+    started: float = field(default_factory=_monotonic)
     ended: Optional[float] = None
     _done: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
 
@@ -548,7 +551,7 @@ def _instance_of(schema: Any, root: Optional[dict] = None, depth: int = 0) -> An
 def _normalise_tool_calls(calls: list[dict]) -> list[dict]:
     out = []
     for i, c in enumerate(calls):
-        fn = c.get("function") if isinstance(c.get("function"), dict) else c
+        fn: dict = c["function"] if isinstance(c.get("function"), dict) else c
         args = fn.get("arguments", {})
         if not isinstance(args, str):
             args = json.dumps(args)
@@ -1033,7 +1036,7 @@ class _Handler(BaseHTTPRequestHandler):
         filename = (body or {}).get("filename", "") if isinstance(body, dict) else ""
         if action not in ("save", "restore", "erase") or (action != "erase" and (not filename or "/" in filename)):
             return self._error(rec, 400, f"bad slot action {action!r} or filename {filename!r}")
-        target = Path(fake.slot_dir) / filename
+        target = Path(str(fake.slot_dir)) / filename
         with fake._slot_lock:
             if action == "save":
                 target.write_text(json.dumps(fake.slot))
@@ -1730,7 +1733,7 @@ class CutPlan:
     def __call__(self, body: dict) -> Reply:
         pieces = plan_pieces(self.tokens)
         found = PLAN.search(_last_user_text(body))
-        timing = {"token_delay": self.token_delay, "framing": self.framing, "usage": None}
+        timing: dict[str, Any] = {"token_delay": self.token_delay, "framing": self.framing, "usage": None}
         if found is None:
             return Reply(tokens=pieces, **timing)
         action, at = found.group(1), int(found.group(2))
