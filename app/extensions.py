@@ -7,6 +7,7 @@ the layers are wired together (for example the store's error hook to the metrics
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Callable
@@ -14,15 +15,56 @@ from typing import Callable
 from flask import current_app
 
 from app.compaction.requests import CompactionRequests
+from app.llm.cache_key import drop_thread_cache
 from app.llm.client import LLMClient
 from app.llm.structured import StructuredClient, compaction_endpoint
+from app.memory.cache import ByteCache
+from app.memory.compaction import facts, record
+from app.memory.recall import ArchiveIndex
 from app.memory.tokens import TokenCounter, counter_for
 from app.observability.metrics import count_store_error
 from app.settings import Settings
+from app.store import stored_state
+from app.store.archive import Archive
+from app.store.health import StoreHealth
 from app.store.provider_caps import ProviderCaps
 from app.store.quotas import Quotas
 from app.store.redis_client import StoreClient, make_redis
+from app.store.socket_leases import SocketLeases
 from app.store.thread_store import ThreadStore
+
+
+class ThreadCaches:
+    """Every cache this process keeps of a thread's memory, behind one ``drop_thread`` (after a forget: a forgotten
+    turn never comes back from a cache; docs/contract.md: Forget and provenance).
+
+    They are: the archive's tokenised index (``Archive``, keyed by thread), the stored state's checked messages and
+    checked record, pins and notes (``app.store.stored_state``, keyed by their text), the facts read from a text
+    (``app.memory.compaction.facts``) and the sentences a text splits into (``app.memory.compaction.record``);
+    besides, the bundled model's slot file of the thread (``app.llm.cache_key.drop_thread_cache``).  Token counts
+    are keyed by a digest of the text, never by the text, and are left alone.
+
+    Args:
+        settings: the process's settings (the bundled model's address and secret).
+        archive: the process's ``Archive``.
+        text_caches: the caches keyed by a text that are emptied whole (facts, sentences).
+    """
+
+    def __init__(self, settings: Settings, archive: Archive, text_caches: Iterable[ByteCache]):
+        self.settings = settings
+        self.archive = archive
+        self.text_caches = tuple(text_caches)
+
+    def drop_thread(self, thread_id: str, *, texts: Iterable[str] = (), keep: ArchiveIndex | None = None) -> None:
+        """Drop what this process keeps of ``thread_id``: its archive index (replaced by ``keep``, an index valid
+        for the thread as it is now, when given), the checked messages holding ``texts`` (the forgotten turns'
+        messages), every checked record, pins and notes, facts and split sentences (each rebuilt on its next use),
+        and ask the bundled model to delete the thread's slot file (never raises for it)."""
+        self.archive.drop_thread(thread_id, keep=keep)
+        stored_state.drop_texts(texts)
+        for cache in self.text_caches:
+            cache.clear()
+        drop_thread_cache(self.settings, thread_id)
 
 
 @dataclass
@@ -44,6 +86,28 @@ class Services:
         return ThreadStore(self.redis, self.settings.limits, self.settings.memory_ttl_seconds,
                            on_error=count_store_error, wait_replicas=self.settings.memory_wait_replicas,
                            wait_timeout_ms=self.settings.memory_wait_timeout_ms)
+
+    @cached_property
+    def archive(self) -> Archive:
+        """The archives of folded turns, with this process's cache of their tokenised indexes
+        (``ARCHIVE_CACHE_MAX_BYTES``)."""
+        return Archive(self.store, cache_max_bytes=self.settings.archive_cache_max_bytes)
+
+    @cached_property
+    def caches(self) -> ThreadCaches:
+        """Every cache this process keeps of a thread, with its one ``drop_thread``."""
+        # the two memory modules keep their caches as module state; they are named here and nowhere else
+        return ThreadCaches(self.settings, self.archive, (facts._cache, record._split_cache))
+
+    @cached_property
+    def sockets(self) -> SocketLeases:
+        """The websocket leases of sessions and of network addresses (``WS_MAX_PER_SESSION``, ``WS_MAX_PER_CLIENT``)."""
+        return SocketLeases(self.redis, self.store.guard)
+
+    @cached_property
+    def store_health(self) -> StoreHealth:
+        """The store's probes for ``/healthz``."""
+        return StoreHealth(self.redis, self.store.guard)
 
     @cached_property
     def quotas(self) -> Quotas:

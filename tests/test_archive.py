@@ -11,7 +11,7 @@ import pytest
 
 from app import create_app
 from app.memory.final_turn import FinalTurn
-from app.store import archive
+from app.store.archive import CACHE_MAX_BYTES, Archive
 from app.store.keys import ThreadKeys
 from app.store.redis_client import make_redis
 from app.store.thread_store import ThreadStore
@@ -21,7 +21,6 @@ from tests.fixtures.memory_data import CREATED, new_thread_id, turn, text_record
 
 @pytest.fixture
 def tid():
-    archive.forget()
     return new_thread_id()
 
 
@@ -137,18 +136,19 @@ def test_the_turn_path_reads_the_thread_and_its_archive_in_one_round_trip(settin
     counted = ThreadStore(client, settings.limits, settings.memory_ttl_seconds)
     client.ping()  # the connection's handshake is not the turn's
     before = proxy.trips
-    state, index = archive.load_turn_memory(counted, tid)
+    reader = Archive(counted)
+    state, index = reader.load_turn_memory(tid)
     assert proxy.trips - before == 1
     assert (state.folded_turns, [t.number for t in index.turns]) == (2, [1, 2])
     fold(store, tid, ["u3", "a3"])
     before = proxy.trips
-    state, again = archive.load_turn_memory(counted, tid)
+    state, again = reader.load_turn_memory(tid)
     assert proxy.trips - before == 1 and again is index  # the process's copy, brought up to date
     assert [t.number for t in index.turns] == [1, 2, 3] and index.turns[2].person.endswith("rc-3 for the lisbon office")
     store.clear(tid)
     commit(store, tid, 20, 25)
     fold(store, tid, ["u20", "a20"])
-    state, fresh = archive.load_turn_memory(counted, tid)  # cleared and folded again: read whole
+    state, fresh = reader.load_turn_memory(tid)  # cleared and folded again: read whole
     assert [t.messages[0].id for t in fresh.turns] == ["u20"] and fresh.cleared == 1
     client.close()
 
@@ -158,25 +158,21 @@ def test_the_process_keeps_tokenised_archives_within_its_byte_bound(store, tid):
     for thread in threads:
         commit(store, thread, 1, 6, text=lambda i: f"release rc-{i} for the lisbon office" + " word" * 200)
         fold(store, thread, [f"u{i}" if k == 0 else f"a{i}" for i in range(1, 5) for k in (0, 1)])
-    _, first = archive.load_turn_memory(store, threads[0])
+    _, first = Archive(store).load_turn_memory(threads[0])
     one = first.nbytes
     assert one > 4 * 1000  # four turns of 200 words
-    archive.forget()
-    archive.set_cache_bytes(int(2.5 * one))
-    try:
-        ran = []
-        for thread in threads:  # the tokenising runs in what the caller gives
-            archive.load_turn_memory(store, thread, run=lambda work: ran.append(work()))
-        assert len(ran) == 4
-        assert archive.cached_bytes() <= int(2.5 * one)
-        assert archive._cached(threads[0]) is None and archive._cached(threads[3]) is not None  # oldest out
-        archive.set_cache_bytes(one // 2)  # one index is larger than the whole bound: used, never kept
-        archive.forget()
-        _, index = archive.load_turn_memory(store, threads[1])
-        assert len(index) == 4 and archive.cached_bytes() == 0
-    finally:
-        archive.set_cache_bytes(archive.CACHE_MAX_BYTES)
-        archive.forget()
+    archive = Archive(store, cache_max_bytes=int(2.5 * one))
+    assert Archive(store).max_bytes == CACHE_MAX_BYTES
+    ran = []
+    for thread in threads:  # the tokenising runs in what the caller gives
+        archive.load_turn_memory(thread, run=lambda work: ran.append(work()))
+    assert len(ran) == 4
+    assert archive.cached_bytes <= int(2.5 * one)
+    assert archive.cached(threads[0]) is None and archive.cached(threads[3]) is not None  # oldest out
+    archive.resize(one // 2)  # one index is larger than the whole bound: used, never kept
+    archive.drop_all()
+    _, index = archive.load_turn_memory(threads[1])
+    assert len(index) == 4 and archive.cached_bytes == 0
 
 
 def test_hydration_returns_the_archived_turns_before_the_messages(settings, store, tid):
@@ -225,7 +221,8 @@ def test_a_turn_over_the_socket_recalls_a_folded_turn_into_the_prompt(chat, fake
 def test_a_thread_that_expired_and_began_again_is_never_served_the_old_index(store, redis_client, tid):
     commit(store, tid, 1, 6, text=lambda i: "my locker code is quokkafern-4471" if i == 2 else f"garden talk {i}")
     fold(store, tid, ["u1", "a1", "u2", "a2"])
-    old_state, old = archive.load_turn_memory(store, tid)
+    archive = Archive(store)
+    old_state, old = archive.load_turn_memory(tid)
     born = redis_client.hget(ThreadKeys(tid).state, "born")
     assert born and old.born == born and [t.number for t in old.turns] == [1, 2]
     keys = ThreadKeys(tid)
@@ -233,7 +230,7 @@ def test_a_thread_that_expired_and_began_again_is_never_served_the_old_index(sto
     commit(store, tid, 1, 6, text=lambda i: f"garden talk {i}")  # the same browser session begins again
     fold(store, tid, ["u1", "a1", "u2", "a2"])  # as many archived turns, the same counters
     assert (store.load(tid).cleared, store.load(tid).forgets) == (old_state.cleared, old_state.forgets)
-    state, index = archive.load_turn_memory(store, tid)
+    state, index = archive.load_turn_memory(tid)
     assert redis_client.hget(keys.state, "born") not in ("", born) and index.born != born
     assert all("quokkafern" not in m.text for t in index.turns for m in t.messages)
 

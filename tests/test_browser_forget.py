@@ -333,7 +333,7 @@ def test_new_chat_clears_every_notice_and_the_old_conversations_history(make_liv
     store = server.app.extensions["chat"].store
     now = int(time.time() * 1000)
     send_and_wait(page, base, "A new question.")
-    assert store.record_compaction(thread_id, {"at": now + 1, "outcome": "stale", "reason": "generation",
+    assert store.history.record_compaction(thread_id, {"at": now + 1, "outcome": "stale", "reason": "generation",
                                                "step": "refine", "durationMs": 30_000}, 50)
     send_and_wait(page, base, "Another question.")
     stats = page.request.get(base + "/api/chat/stats").json()

@@ -69,7 +69,7 @@ def test_folded_turns_stay_and_a_reload_opens_on_the_summary(make_live_app, app_
     # the person pins a decision, a compaction left a note, and a later compaction was discarded as stale
     state = services.store.load(thread_id)
     assert services.store.set_pins_and_notes(thread_id, expected_gen=state.gen, pins=[Pin(PIN)], notes=[NOTE])
-    assert services.store.record_compaction(thread_id, {"at": int(time.time() * 1000), "outcome": "stale",
+    assert services.store.history.record_compaction(thread_id, {"at": int(time.time() * 1000), "outcome": "stale",
                                                         "reason": "generation", "attempt": 0, "durationMs": 840}, 50)
     send_and_wait(page, base, "Which of the two is cheaper?")
     sent = [(role, text) for q in texts for role, text in (("user", q), ("assistant", OFFSITE_ANSWERS[q]))]

@@ -171,10 +171,10 @@ def test_a_fold_failing_for_good_blocks_the_requests_until_a_clear(compaction_ri
     assert (outcome.outcome, outcome.reason) == ("blocked", "corrupt")
     [entry] = history(rig.client, tid)
     assert (entry["outcome"], entry["reason"], entry["step"]) == ("blocked", "corrupt", "fold")
-    assert rig.store.compactions_blocked(tid) == "corrupt"
+    assert rig.store.markers.compactions_blocked(tid) == "corrupt"
     assert not ask(rig.store.commit_final_turn(tid, FinalTurn("again", "y")))
     rig.store.clear(tid)
-    assert rig.store.compactions_blocked(tid) is None
+    assert rig.store.markers.compactions_blocked(tid) is None
 
 
 def test_at_the_hard_cap_the_turn_folds_without_the_model_and_commits(compaction_rig, fake_llm):

@@ -275,11 +275,11 @@ def test_holding_the_marker_keeps_a_newer_requests_marker(store, redis_client):
     tid = thread_id_for("hold-marker")
     marker = ThreadKeys(tid).compacting
     assert store.mark_compaction_pending(tid, 5, 3) is True
-    assert store.hold_compaction_marker(tid, 5, 200) is True
+    assert store.markers.hold_compaction_marker(tid, 5, 200) is True
     assert (redis_client.get(marker), 195 <= redis_client.ttl(marker) <= 200) == ("5", True)
     redis_client.delete(marker)  # expired while the task was queued: set again for the task that runs
-    assert store.hold_compaction_marker(tid, 5, 100) is True
+    assert store.markers.hold_compaction_marker(tid, 5, 100) is True
     assert (redis_client.get(marker), 95 <= redis_client.ttl(marker) <= 100) == ("5", True)
     redis_client.set(marker, "7", ex=30)  # a newer request's marker is left as it is
-    assert store.hold_compaction_marker(tid, 5, 100) is False
+    assert store.markers.hold_compaction_marker(tid, 5, 100) is False
     assert (redis_client.get(marker), redis_client.ttl(marker) <= 30) == ("7", True)

@@ -157,8 +157,7 @@ def test_turns_after_a_forgotten_one_keep_their_numbers_through_later_folds(serv
         commit_turn(rig.store, tid, n)
     assert rig.store.load(tid).turn_numbers() == [1, 2, 4, 6, 7, 8, 9]
     fold_all(rig, tid)  # folds turns 1, 2 and 4
-    from app.store.archive import all_archived_turns
-    assert [(t.number, t.messages[0].id) for t in all_archived_turns(rig.store, tid)] == [(1, "u1"), (2, "u2"),
+    assert [(t.number, t.messages[0].id) for t in rig.services.archive.all_turns(tid)] == [(1, "u1"), (2, "u2"),
                                                                                         (4, "u4")]
     assert {line.turn for line in rig.store.load(tid).record.lines} <= {0, 1, 2, 4}
     assert http.get(server.url + "/api/chat/turns/4", timeout=10).json()["messages"][0]["id"] == "u4"
@@ -237,8 +236,8 @@ def test_a_fold_that_makes_the_archive_drop_turns_says_which(make_compaction_rig
     assert entry["droppedTurns"] == [1, 3] and entry["message"] == "turns 1–3 are no longer kept"
     from app.observability.accounting import load_compactions
     assert load_compactions(rig.services, tid)[0]["droppedTurns"] == [1, 3]
-    from app.store.archive import earliest_kept_turn
-    assert earliest_kept_turn(rig.store, tid, rig.store.load(tid)) == 4
+    from app.store.archive import Archive
+    assert Archive(rig.store).earliest_kept_turn(tid, rig.store.load(tid)) == 4
 
 
 def test_a_compaction_or_refinement_that_read_memory_before_a_forget_is_discarded(served):
@@ -279,20 +278,20 @@ def test_a_fold_prepared_before_a_forget_is_discarded_and_the_next_one_applies(s
 
 def _caches_hold(word: str, tid: str, rig) -> list[str]:
     """Which per-process caches still hold ``word`` (for ``tid``)."""
-    from app.memory.compaction import facts, record
-    from app.store import archive, thread_store
+    from app.store import stored_state
 
     found = []
-    index = archive._cache.get(tid)
+    caches = rig.services.caches
+    index = caches.archive.cached(tid)
     if index is not None and any(word in m.text.lower() for t in index.turns for m in t.messages):
         found.append("archive index")
-    if any(not isinstance(k, bytes) for k in rig.services.counter.cache._data):
+    if any(not isinstance(k, bytes) for k in rig.services.counter.cache.keys()):
         found.append("token counts keyed by text")
-    for name, cache in (("messages", thread_store._checked_message_values.cache),
-                        ("meta", thread_store._checked_meta.cache), ("facts", facts._cache),
-                        ("sentences", record._split_cache)):
-        if word in repr(list(cache._data.keys())).lower():
-            found.append(name)
+    if word in repr(stored_state.cached_texts()).lower():
+        found.append("stored state")
+    for n, cache in enumerate(caches.text_caches):
+        if word in repr(cache.keys()).lower():
+            found.append(f"text cache {n}")
     return found
 
 
@@ -307,10 +306,10 @@ def test_a_forgotten_word_reaches_no_prompt_response_key_or_cache(served, fake_l
         for n in range(1, 8):
             chat.turn(PLANTED if n == 3 else f"tell me about the number {n} please")
         fold_all(rig, tid)
-        assert any(t.number == 3 for t in __import__("app.store.archive", fromlist=["x"]).all_archived_turns(
-            rig.store, tid))
+        assert any(t.number == 3 for t in rig.services.archive.all_turns(tid))
         chat.turn("What is my locker code again?")  # recall brings turn 3 back into the prompt before the forget
         assert WORD in json.dumps([r.body for r in fake_llm.requests]).lower()
+        assert "archive index" in _caches_hold(WORD, tid, rig)  # the check below looks where the word was
 
         if how == "turn":
             assert chat.http.delete(server.url + "/api/chat/turns/3", timeout=10).status_code == 200

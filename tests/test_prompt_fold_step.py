@@ -13,7 +13,7 @@ from app.memory.recall import ArchivedTurn, ArchiveIndex
 from app.memory.record import Record, RecordLine
 from app.memory.state import ThreadMessage
 from app.memory.tokens import TokenCounter
-from app.store.archive import load_turn_memory
+from app.store.archive import Archive
 from tests.fixtures.celery_worker import commit_turn, thread_id_for
 from tests.fixtures.memory_data import CREATED
 
@@ -31,7 +31,7 @@ def conversation(rig, name: str, step: int, turns: int = 14) -> tuple[list[list[
     tid = thread_id_for(name)
     prompts, folded = [], []
     for n in range(1, turns + 1):
-        state, archive = load_turn_memory(rig.store, tid)
+        state, archive = Archive(rig.store).load_turn_memory(tid)
         text = f"My locker number {n} is {n * 111}, near door {n}."
         prompts.append(prompt(state, archive, text, step))
         folded.append(state.record.last_turn)
@@ -93,7 +93,7 @@ def test_verbatim_turns_that_do_not_fit_the_budget_give_way_to_the_whole_record(
         commit_turn(compaction_rig.store, tid, n, user=f"Fact {n}: " + "word " * 300, assistant="ok")
         if n > 4:
             assert fold_at_cap(compaction_rig.services, tid)
-    state, archive = load_turn_memory(compaction_rig.store, tid)
+    state, archive = Archive(compaction_rig.store).load_turn_memory(tid)
     assert state.record.last_turn == 2
     roomy = assemble_context(state, "next", system_prompt="s", counter=COUNTER, context_tokens=8192,
                              reserved_output_tokens=1024, archive=archive, recall_share=0.0, fold_step=4)

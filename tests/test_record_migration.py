@@ -244,6 +244,6 @@ def test_nothing_parses_memory_back_from_text():
     root = Path(__file__).resolve().parents[1]
     readers = [p.relative_to(root).as_posix() for p in sorted((root / "app").rglob("*.py"))
                if "read_record(" in p.read_text() or "parse_record" in p.read_text()]
-    assert readers == ["app/memory/migration.py", "app/store/thread_store.py"]
+    assert readers == ["app/memory/migration.py", "app/store/stored_state.py"]
     assert "parse_record" not in (root / "app/memory/migration.py").read_text()
     assert "import re\n" not in (root / "app/memory/migration.py").read_text()  # read without regular expressions

@@ -268,12 +268,12 @@ def test_history_of_work_that_read_before_a_clear_is_not_recorded_in_the_new_con
     commit_turns(store, tid, 3)
     seen = store.load(tid)
     entry = {"at": 1, "outcome": "stale", "reason": "generation", "step": "refine"}
-    assert store.record_compaction(tid, entry, 50, cleared=seen.cleared) is True  # not cleared: recorded
+    assert store.history.record_compaction(tid, entry, 50, cleared=seen.cleared) is True  # not cleared: recorded
     store.clear(tid)
     commit_turns(store, tid, 1)  # the new conversation's first turn: the thread exists again
-    assert store.record_compaction(tid, entry, 50, cleared=seen.cleared) is False
+    assert store.history.record_compaction(tid, entry, 50, cleared=seen.cleared) is False
     assert redis_client.lrange(ThreadKeys(tid).compactions, 0, -1) == []
-    assert store.record_compaction(tid, entry, 50, cleared=store.load(tid).cleared) is True  # its own work is
+    assert store.history.record_compaction(tid, entry, 50, cleared=store.load(tid).cleared) is True  # its own work is
 
 
 def test_clear_then_commit_starts_a_fresh_thread(store, tid):
@@ -415,9 +415,118 @@ def test_one_pending_compaction_marker_at_a_time(store, redis_client, tid):
     assert store.mark_compaction_pending(tid, 4, 60) is False
     assert redis_client.get(ThreadKeys(tid).compacting) == "3"
     assert 55 <= redis_client.ttl(ThreadKeys(tid).compacting) <= 60
-    assert store.release_compaction_marker(tid, 4) is False  # not the version it holds: left alone
-    assert store.release_compaction_marker(tid, 3) is True
+    assert store.markers.release_compaction_marker(tid, 4) is False  # not the version it holds: left alone
+    assert store.markers.release_compaction_marker(tid, 3) is True
     assert store.mark_compaction_pending(tid, 5, 60) is True
+
+
+def test_a_marker_value_is_a_version_or_a_block_and_reads_back_as_it_was_written():
+    from app.store.compaction_markers import MarkerValue
+
+    assert MarkerValue.of_version(7).encode() == "7"
+    assert MarkerValue.blocking("corrupt").encode() == "blocked:corrupt"
+    assert MarkerValue.decode("7") == MarkerValue(version=7, blocked=None)
+    assert MarkerValue.decode("blocked:corrupt") == MarkerValue(version=None, blocked="corrupt")
+    assert MarkerValue.decode("blocked:") == MarkerValue(version=None, blocked="")
+    assert [MarkerValue.decode(v) for v in (None, "", "soon", 7)] == [None, None, None, None]
+    for value in (MarkerValue.of_version(0), MarkerValue.of_version(123456), MarkerValue.blocking("fact_guard")):
+        assert MarkerValue.decode(value.encode()) == value
+
+
+def test_a_block_holds_the_folds_marker_until_a_clear_and_no_fold_is_marked_meanwhile(store, redis_client, tid):
+    commit_turns(store, tid, 1)
+    markers = store.markers
+    assert markers.compactions_blocked(tid) is None
+    markers.block_compactions(tid, "corrupt", 300)
+    assert redis_client.get(ThreadKeys(tid).compacting) == "blocked:corrupt"
+    assert 295 <= redis_client.ttl(ThreadKeys(tid).compacting) <= 300
+    assert markers.compactions_blocked(tid) == "corrupt"
+    assert markers.mark_compaction_pending(tid, 4, 60) is False
+    assert markers.hold_compaction_marker(tid, 4, 60) is False  # a block is no task's marker
+    assert redis_client.get(ThreadKeys(tid).compacting) == "blocked:corrupt"
+    assert markers.mark_compaction_pending(tid, 4, 60, refine=True) is True  # the refinement's marker is another key
+    assert redis_client.get(ThreadKeys(tid).refining) == "4"
+    redis_client.set(ThreadKeys(tid).compacting, "9")
+    assert markers.compactions_blocked(tid) is None  # a version is no block
+    markers.block_compactions(tid, "corrupt", 300)
+    store.clear(tid)
+    assert markers.compactions_blocked(tid) is None
+    assert redis_client.exists(ThreadKeys(tid).compacting, ThreadKeys(tid).refining) == 0
+
+
+def test_the_activity_key_reads_back_as_an_activity_with_its_remaining_life(store, redis_client, tid):
+    from app.store.compaction_markers import Activity, RefineStatus
+
+    assert store.refine_status(tid) == RefineStatus(0, 0, None, 0)
+    store.markers.mark_activity(tid, Activity.STREAMING, 30)
+    assert redis_client.get(ThreadKeys(tid).active) == "streaming"
+    status = store.markers.refine_status(tid)
+    assert status.activity is Activity.STREAMING and 29_000 <= status.activity_ms <= 30_000
+    store.markers.mark_activity(tid, Activity.IDLE, 20)
+    assert store.refine_status(tid).activity is Activity.IDLE
+    redis_client.set(ThreadKeys(tid).active, "dozing", px=5000)
+    assert store.refine_status(tid).activity == "dozing"  # a value no version writes is kept as read
+    redis_client.hset(ThreadKeys(tid).state, mapping={"rf": 4, "uf": 2})
+    status = store.refine_status(tid)
+    assert (status.refined_turns, status.unrefined_folds, status.activity) == (4, 2, "dozing")
+
+
+def test_the_history_keeps_the_newest_history_max_entries_and_a_forget_entry_has_its_shape(store, redis_client, tid):
+    from app.store.compaction_history import HISTORY_MAX, HistoryStep, forget_entry
+
+    assert HISTORY_MAX == 50
+    assert forget_entry(3, 1_700_000_000_000) == {"at": 1_700_000_000_000, "outcome": "applied",
+                                                   "reason": "forgotten", "step": "forget", "forgottenTurn": 3}
+    assert HistoryStep.values() == {"fold", "refine", "forget", "clear"}
+    assert store.history.record_compaction(tid, forget_entry(1, 1), 2) is False  # no thread: nothing recorded
+    commit_turns(store, tid, 1)
+    for n in range(1, HISTORY_MAX + 3):
+        assert store.history.record_compaction(tid, forget_entry(n, n)) is True
+    stored = redis_client.lrange(ThreadKeys(tid).compactions, 0, -1)
+    assert len(stored) == HISTORY_MAX
+    assert stored[0] == '{"at":52,"outcome":"applied","reason":"forgotten","step":"forget","forgottenTurn":52}'
+    assert json.loads(stored[-1])["forgottenTurn"] == 3
+
+
+# -- socket leases and health ---------------------------------------------------------------------------------
+
+def test_one_lease_object_serves_the_session_and_the_address_limits(store, redis_client, tid):
+    from app.store.keys import client_sockets_key
+    from app.store.socket_leases import LeaseOwner, SocketLeases
+
+    leases = SocketLeases(redis_client, store.guard)
+    session, address = LeaseOwner.session(tid), LeaseOwner.client("192.0.2.7")
+    assert (session.key, session.reported) == (ThreadKeys(tid).sockets, True)
+    assert (address.key, address.reported) == (client_sockets_key("192.0.2.7"), False)
+    for owner in (session, address):
+        assert [leases.claim(owner, s, most=2, lease_seconds=60) for s in "abc"] == [True, True, False]
+        assert sorted(redis_client.zrange(owner.key, 0, -1)) == ["a", "b"]
+        leases.renew(owner, "a", lease_seconds=120)
+        assert 59_000 <= redis_client.pttl(owner.key)
+        leases.release(owner, "a")
+        assert redis_client.zrange(owner.key, 0, -1) == ["b"]
+        assert leases.claim(owner, "c", most=2, lease_seconds=60) is True
+
+
+def test_a_failed_lease_is_reported_for_a_session_only_and_the_health_probes_report_ping(settings, tid):
+    from app.settings import MemoryLimits
+    from app.store.health import StoreHealth
+    from app.store.redis_client import make_redis
+    from app.store.socket_leases import LeaseOwner, SocketLeases
+    from chat_support.servers import free_port
+
+    seen: list[str] = []
+    client = make_redis(f"redis://127.0.0.1:{free_port()}/0", socket_timeout=0.5)
+    dead = ThreadStore(client, MemoryLimits(), TTL, on_error=seen.append)
+    leases, health = SocketLeases(client, dead.guard), StoreHealth(client, dead.guard)
+    for call in (lambda: leases.claim(LeaseOwner.session(tid), "s", most=1, lease_seconds=1),
+                 lambda: leases.renew(LeaseOwner.session(tid), "s", lease_seconds=1),
+                 lambda: leases.release(LeaseOwner.session(tid), "s"),
+                 lambda: leases.claim(LeaseOwner.client("192.0.2.7"), "s", most=1, lease_seconds=1),
+                 health.ping, health.probe_write):
+        with pytest.raises(StoreUnavailable):
+            call()
+    assert seen == ["claim_socket", "renew_socket", "release_socket", "ping"]
 
 
 # -- isolation ------------------------------------------------------------------------------------------------

@@ -123,8 +123,10 @@ def test_a_write_that_takes_too_long_drops_the_socket_and_no_one_else_waits(make
 
 @pytest.mark.parametrize("store", ["one", "cluster"])
 def test_the_quotas_count_in_one_redis_and_in_a_cluster(store, redis_url, request):
+    from app.store.errors import ErrorGuard
     from app.store.quotas import Quotas
     from app.store.redis_client import make_redis
+    from app.store.socket_leases import LeaseOwner, SocketLeases
 
     url = redis_url if store == "one" else request.getfixturevalue("cluster_url")
     client = make_redis(url, cluster=store == "cluster")
@@ -133,9 +135,10 @@ def test_the_quotas_count_in_one_redis_and_in_a_cluster(store, redis_url, reques
     assert [quotas.hit("test", who, "3/minute") for _ in range(4)] == [True, True, True, False]
     assert 1 <= quotas.retry_after("test", who, "3/minute") <= 61
     assert quotas.hit("test", who, "0") and quotas.hit("test", who, "")
-    assert [quotas.claim_client_socket(who, s, most=2, lease_seconds=60) for s in "abc"] == [True, True, False]
-    quotas.release_client_socket(who, "a")
-    assert quotas.claim_client_socket(who, "c", most=2, lease_seconds=60)
+    leases, owner = SocketLeases(client, ErrorGuard()), LeaseOwner.client(who)
+    assert [leases.claim(owner, s, most=2, lease_seconds=60) for s in "abc"] == [True, True, False]
+    leases.release(owner, "a")
+    assert leases.claim(owner, "c", most=2, lease_seconds=60)
     thread_id = "chat:" + secrets.token_hex(32)
     assert quotas.record_turn_stats(thread_id, "{}", most=5, ttl_seconds=60) is False
     assert not quotas.thread_exists(thread_id) and client.exists(ThreadKeys(thread_id).stats) == 0

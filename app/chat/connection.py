@@ -36,7 +36,6 @@ from app.extensions import Services
 from app.llm.warmup import PromptWarmup
 from app.chat.turn import off_the_event_loop
 from app.memory.context import ContextTooLong, assemble_context
-from app.store.archive import load_turn_memory
 from app.store.thread_store import CorruptState, StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -286,7 +285,7 @@ class CompactionWarmup:
         try:
             archive = None
             if settings.fold_step > 1:  # the prompt shows turns folded since its last checkpoint from the archive
-                state, archive = load_turn_memory(self.services.store, self.thread_id, run=off_the_event_loop)
+                state, archive = self.services.archive.load_turn_memory(self.thread_id, run=off_the_event_loop)
             else:
                 state = self.services.store.load(self.thread_id)
             context = off_the_event_loop(lambda: assemble_context(

@@ -42,8 +42,6 @@ from app.memory.state import ThreadState, new_message_id
 from app.memory.status import TurnStatus
 from app.runtime.chat import ChatProducer
 from app.runtime.producer import Producer, ProducerError, ProducerResult, TurnIO
-from app.store.archive import load_turn_memory
-from app.store.archive import set_cache_bytes as set_archive_cache_bytes
 from app.store.thread_store import OutcomeUnknown, StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -268,8 +266,7 @@ class Turn(TurnIO):
         try:
             settings = self.services.settings
             if settings.limits.recall_share > 0 or settings.fold_step > 1:  # thread and archive, one round trip
-                set_archive_cache_bytes(self.services.settings.archive_cache_max_bytes)
-                state, self.archive = load_turn_memory(self.services.store, self.thread_id, run=off_the_event_loop)
+                state, self.archive = self.services.archive.load_turn_memory(self.thread_id, run=off_the_event_loop)
             else:
                 state = self.services.store.load(self.thread_id)
             self.cleared_seen, self.forgets_seen = state.cleared, state.forgets

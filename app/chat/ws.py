@@ -29,6 +29,7 @@ from app.observability.metrics import count_refusal, websocket_closed, websocket
 from app.runtime.producers import CommandError, choose_producer
 from app.store.quotas import client_of
 from app.store.redis_client import make_redis
+from app.store.socket_leases import LeaseOwner
 from app.store.thread_store import CorruptState, StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -113,8 +114,8 @@ def chat_socket(ws):
 def _claim_session_place(svc: Services, thread_id: str, socket_id: str) -> bool:
     """True when the session may open one more socket (or the store cannot tell: served anyway)."""
     try:
-        return svc.store.claim_socket(thread_id, socket_id, most=svc.settings.ws_max_per_session,
-                                      lease_seconds=LEASE_SECONDS)
+        return svc.sockets.claim(LeaseOwner.session(thread_id), socket_id, most=svc.settings.ws_max_per_session,
+                                 lease_seconds=LEASE_SECONDS)
     except StoreUnavailable:
         log.warning("socket limit of %s not checked: store unavailable", thread_id[:13])
         return True
@@ -137,8 +138,8 @@ def _client_refusal(svc: Services, address: str, socket_id: str) -> tuple[int, s
         if quotas.ws_new_per_minute and not svc.quotas.hit("ws_new", address, f"{quotas.ws_new_per_minute}/minute"):
             count_refusal("ws_new")
             return CLOSE_RATE_LIMITED, "too many new connections"
-        if quotas.ws_max_per_client and not svc.quotas.claim_client_socket(
-                address, socket_id, most=quotas.ws_max_per_client, lease_seconds=LEASE_SECONDS):
+        if quotas.ws_max_per_client and not svc.sockets.claim(
+                LeaseOwner.client(address), socket_id, most=quotas.ws_max_per_client, lease_seconds=LEASE_SECONDS):
             count_refusal("ws_client")
             return CLOSE_SESSION_LIMIT, "too many open chats from your network"
     except StoreUnavailable:
@@ -149,7 +150,7 @@ def _client_refusal(svc: Services, address: str, socket_id: str) -> tuple[int, s
 def _release_client_place(svc: Services, address: str, socket_id: str) -> None:
     if svc.settings.client_quotas.ws_max_per_client:
         try:
-            svc.quotas.release_client_socket(address, socket_id)
+            svc.sockets.release(LeaseOwner.client(address), socket_id)
         except StoreUnavailable:
             pass  # the lease ends by itself
 
@@ -192,9 +193,9 @@ def _serve_claimed(ws, writer: FrameWriter, svc: Services, thread_id: str, addre
             if now >= renew_at:
                 renew_at = now + LEASE_SECONDS / 3
                 try:
-                    svc.store.renew_socket(thread_id, socket_id, lease_seconds=LEASE_SECONDS)
+                    svc.sockets.renew(LeaseOwner.session(thread_id), socket_id, lease_seconds=LEASE_SECONDS)
                     if settings.client_quotas.ws_max_per_client:
-                        svc.quotas.renew_client_socket(address, socket_id, lease_seconds=LEASE_SECONDS)
+                        svc.sockets.renew(LeaseOwner.client(address), socket_id, lease_seconds=LEASE_SECONDS)
                 except StoreUnavailable:
                     pass
             if turn is not None and turn.active:
@@ -217,7 +218,7 @@ def _serve_claimed(ws, writer: FrameWriter, svc: Services, thread_id: str, addre
         if turn is not None:
             turn.abandon()
         try:
-            svc.store.release_socket(thread_id, socket_id)
+            svc.sockets.release(LeaseOwner.session(thread_id), socket_id)
         except StoreUnavailable:
             pass  # the lease ends by itself
 

@@ -30,7 +30,9 @@ import math
 from typing import Callable
 
 from app.memory.compaction import compaction_due
-from app.store.thread_store import StoreUnavailable, ThreadStore
+from app.store.compaction_markers import Activity
+from app.store.errors import StoreUnavailable
+from app.store.thread_store import ThreadStore
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +47,8 @@ SendTask = Callable[[str, int], None]
 SendRefine = Callable[[str, int, float], None]
 """Publishes the refinement task for ``(thread_id, token)`` after ``countdown`` seconds; raises on a broker failure."""
 
-STREAMING, IDLE = "streaming", "idle"
-"""The values of a thread's activity key (``ThreadKeys.active``)."""
+STREAMING, IDLE = Activity.STREAMING, Activity.IDLE
+"""The values of a thread's activity key (``ThreadKeys.active``; ``app.store.compaction_markers.Activity``)."""
 ACTIVITY_MARGIN_SECONDS = 30
 """How much longer than ``LLM_TURN_TIMEOUT_SECONDS`` a ``streaming`` mark lives (a turn whose process died)."""
 
@@ -66,13 +68,8 @@ def running_marker_ttl(settings) -> int:
 
 
 def retry_marker_ttl(settings, countdown: float) -> int:
-    """Seconds the marker is held while a retry waits ``countdown`` seconds: that wait plus the queued TTL."""
-    return int(math.ceil(countdown) + settings.compaction_queued_ttl)
-
-
-def waiting_marker_ttl(settings, countdown: float) -> int:
-    """Seconds a refinement's marker lives while its task waits ``countdown`` seconds: that wait plus the
-    queued TTL."""
+    """Seconds a marker is held while its task waits ``countdown`` seconds (a retry's backoff, or a refinement
+    waiting for the thread to be quiet): that wait, rounded up, plus the queued TTL."""
     return int(math.ceil(countdown) + settings.compaction_queued_ttl)
 
 
@@ -130,7 +127,7 @@ class CompactionRequests:
 
     def _mark(self, thread_id: str, activity: str, seconds: float) -> None:
         try:
-            self.store.mark_activity(thread_id, activity, seconds)
+            self.store.markers.mark_activity(thread_id, activity, seconds)
         except Exception as exc:  # never changes a turn: a refinement may then start during it
             log.warning("activity of %s not marked: %s", thread_id[:13], type(exc).__name__)
 
@@ -151,7 +148,7 @@ class CompactionRequests:
         due_now = unrefined_folds >= settings.compaction_refine_after_folds and not settings.bundled_model
         countdown = 0.0 if due_now else float(settings.compaction_idle_seconds)
         try:
-            if not self.store.mark_compaction_pending(thread_id, token, waiting_marker_ttl(settings, countdown),
+            if not self.store.mark_compaction_pending(thread_id, token, retry_marker_ttl(settings, countdown),
                                                       refine=True):
                 return False
         except StoreUnavailable as exc:
@@ -171,14 +168,14 @@ class CompactionRequests:
         """Stop asking for folds of this thread for ``COMPACTION_BLOCKED_SECONDS`` (a reason a retry will not
         fix); a clear lifts it.  Never raises."""
         try:
-            self.store.block_compactions(thread_id, reason, self.settings.compaction_blocked_seconds)
+            self.store.markers.block_compactions(thread_id, reason, self.settings.compaction_blocked_seconds)
         except StoreUnavailable as exc:
             log.warning("compactions of %s not marked as blocked: %s", thread_id[:13], exc)
 
     def release(self, thread_id: str, version: int, *, refine: bool = False) -> None:
         """Release the pending marker if it still holds ``version`` (it expires otherwise)."""
         try:
-            self.store.release_compaction_marker(thread_id, version, refine=refine)
+            self.store.markers.release_compaction_marker(thread_id, version, refine=refine)
         except StoreUnavailable as exc:
             log.warning("compaction marker for %s not released (it expires): %s", thread_id[:13], exc)
 
@@ -189,7 +186,7 @@ class CompactionRequests:
         duplicate) or the store failed (logged; the marker keeps its expiry).
         """
         try:
-            return self.store.hold_compaction_marker(thread_id, version, seconds, refine=refine)
+            return self.store.markers.hold_compaction_marker(thread_id, version, seconds, refine=refine)
         except StoreUnavailable as exc:
             log.warning("compaction marker for %s not held (it expires): %s", thread_id[:13], exc)
             return False

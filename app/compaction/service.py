@@ -21,7 +21,7 @@ Lifecycle of one **refinement** (``run_refinement``, the task ``workers.refine_t
     hold the refinement marker ─► a turn of the thread streams, or a turn ended less than
       COMPACTION_IDLE_SECONDS ago with fewer than COMPACTION_REFINE_AFTER_FOLDS folds unrefined?
       ─► publish itself again later (``reschedule_in``), nothing else
-      ─► else: the turns folded since the last refinement (``archived_turns``), the model asked
+      ─► else: the turns folded since the last refinement (``Archive.newest_turns``), the model asked
          for a gist and notes (``produce``, at most two calls), composed on the current record
       ─► apply_refinement (Lua compare-and-set on ``gen``): applied or stale (discarded, asked
          again later); a model failure is retried with backoff, and after the last retry the
@@ -46,9 +46,9 @@ from app.llm.provider import LLMError
 from app.llm.structured import answer_schema, strict_answer_schema
 from app.memory import compaction as domain
 from app.memory.compaction import CompactionAnswer, CompactionPlan, CompactionResult, Strategy
-from app.compaction.requests import STREAMING, SendRefine, retry_marker_ttl, running_marker_ttl, waiting_marker_ttl
+from app.compaction.requests import STREAMING, SendRefine, retry_marker_ttl, running_marker_ttl
 from app.memory.state import ThreadState, utc_now_iso
-from app.store.archive import archived_turns
+from app.store.compaction_history import HISTORY_MAX
 from app.store.compaction_outcome import Outcome, Reason, reason_of
 from app.store.thread_store import CompactionCommit, CorruptState, StoreUnavailable
 
@@ -57,7 +57,6 @@ if TYPE_CHECKING:  # the layer above, for types only (docs/architecture.md)
 
 log = logging.getLogger(__name__)
 
-HISTORY_MAX = 50
 TIME_MARGIN_SECONDS = 15.0
 """Time kept free before the task's time limit for the commit, the event and the history (seconds)."""
 RETRY_BACKOFF_MAX_SECONDS = 600
@@ -428,13 +427,13 @@ def run_refinement(services: Services, thread_id: str, token: int, *, attempt: i
         return RefineOutcome(Outcome.SKIPPED, Reason.NOT_DUE)
     wait = _refine_wait(settings, status)
     if wait is not None:
-        requests.hold(thread_id, token, waiting_marker_ttl(settings, wait), refine=True)
+        requests.hold(thread_id, token, retry_marker_ttl(settings, wait), refine=True)
         log.info("refinement of %s waits %.1f s: the thread is %s", thread_id[:13], wait, status.activity)
         return RefineOutcome(Outcome.SKIPPED, Reason.NOT_QUIET, reschedule_in=wait)
 
     unrefined = state.folded_turns - status.refined_turns
     try:
-        turns = [t for t in archived_turns(services.store, thread_id, newest=min(unrefined, REFINE_MAX_TURNS))
+        turns = [t for t in services.archive.newest_turns(thread_id, newest=min(unrefined, REFINE_MAX_TURNS))
                  if t.number > status.refined_turns]
     except StoreUnavailable:
         return _retry_refinement(services, thread_id, token, attempt)
@@ -535,7 +534,7 @@ def _settle_refinement(services: Services, thread_id: str, token: int, committed
     log.info("refinement of %s discarded: stale (%s)", short, committed.detail)
     entry = _record(services, thread_id, Outcome.STALE, committed.detail, figures, cleared=state.cleared)
     wait = float(services.settings.compaction_idle_seconds)
-    requests.hold(thread_id, token, waiting_marker_ttl(services.settings, wait), refine=True)
+    requests.hold(thread_id, token, retry_marker_ttl(services.settings, wait), refine=True)
     return RefineOutcome(Outcome.STALE, committed.detail, None, entry, result, reschedule_in=wait)
 
 
@@ -579,7 +578,7 @@ def _record(services: Services, thread_id: str, outcome: Outcome, reason: Reason
     since: a new conversation never lists the old one's work (README: New chat: clearing is final)."""
     entry = {"at": int(time.time() * 1000), "outcome": outcome, "reason": reason, **figures}
     try:
-        services.store.record_compaction(thread_id, entry, HISTORY_MAX, cleared=cleared)
+        services.store.history.record_compaction(thread_id, entry, HISTORY_MAX, cleared=cleared)
     except StoreUnavailable as exc:
         log.warning("compaction history for %s not recorded: %s", thread_id[:13], exc)
     return entry

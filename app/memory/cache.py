@@ -106,6 +106,11 @@ class ByteCache(Generic[V]):
             self._data.clear()
             self._size = 0
 
+    def keys(self) -> list:
+        """The keys kept now, least recently used first (a copy; their order of use is not changed)."""
+        with self._lock:
+            return list(self._data)
+
     @property
     def currsize(self) -> int:
         """Bytes the entries take now."""

@@ -75,7 +75,7 @@ def build_hydration(thread_id: str, state: ThreadState, *, restored: bool | None
     (``Record.to_dict``), all three absent when the record has no line;
     ``pinnedDecisions`` are the person's; ``modelNotes`` (what compactions proposed to
     remember) is absent when there are none; ``earliestKeptTurn`` is the number of the earliest turn memory still
-    holds word for word (``app.store.archive.earliest_kept_turn``; absent for a thread without turns).
+    holds word for word (``app.store.archive.Archive.earliest_kept_turn``; absent for a thread without turns).
     """
     dto = {
         "threadId": thread_id,

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING
 
 from app.memory.state import utc_now_iso
 from app.observability import metrics
+from app.store.compaction_history import HISTORY_MAX, HistoryStep
 from app.store.keys import ThreadKeys
 
 if TYPE_CHECKING:  # the layer above, for types only (docs/architecture.md)
@@ -236,7 +237,7 @@ def public_compaction(record: dict) -> dict:
             if not (isinstance(value, list) and len(value) == 2 and all(type(v) is int for v in value)):
                 continue
         elif key == "step":
-            if value not in ("fold", "refine", "forget", "clear"):
+            if value not in HistoryStep.values():
                 continue
         elif key == "message":
             if not isinstance(value, str) or len(value) > 80:
@@ -247,7 +248,7 @@ def public_compaction(record: dict) -> dict:
     return out
 
 
-def load_compactions(services: Services, thread_id: str, limit: int = 50) -> list[dict]:
+def load_compactions(services: Services, thread_id: str, limit: int = HISTORY_MAX) -> list[dict]:
     """The thread's compaction history (public form), oldest first.
 
     Raises:

@@ -8,11 +8,9 @@ message's earlier entry before pushing the new one).  The entry's shape belongs 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from app.store.keys import ThreadKeys
-
-LUA_DIR = Path(__file__).with_name("lua")
+from app.store.scripts import lua_script
 
 
 class FeedbackStore:
@@ -20,7 +18,7 @@ class FeedbackStore:
 
     def __init__(self, client) -> None:
         self._client = client
-        self._put = client.register_script((LUA_DIR / "feedback_put.lua").read_text())
+        self._put = lua_script(client, "feedback_put.lua")
 
     def put(self, thread_id: str, entry: dict, cap: int, ttl_seconds: int) -> int:
         """Store ``entry`` (a dict with ``messageId``), replacing that message's earlier one.

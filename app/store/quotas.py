@@ -6,8 +6,8 @@
 - ``Quotas.hit(kind, who, limit)``: one more request counted against a rate limit (the ``limits`` library's
   fixed windows in Redis, keys ``quota:LIMITER/...``); False when over it.  ``Quotas.allows`` asks without
   counting (a request that may still be refused for another reason is counted only once it is accepted).
-- ``Quotas.claim_client_socket`` / ``renew_client_socket`` / ``release_client_socket``: a lease per open
-  websocket of one network address (``lua/claim_socket.lua`` on ``client_sockets_key``).
+- A network address's open websockets are leases of ``app.store.socket_leases.SocketLeases``
+  (``LeaseOwner.client``), as a session's.
 - ``Quotas.record_turn_stats``: a turn's accounting record, kept only while its thread exists
   (``lua/record_turn_stats.lua``): a turn that wrote nothing leaves no key.
 - ``Quotas.thread_exists`` and ``Quotas.used_memory_fraction``: the store's budget, both O(1) commands.
@@ -22,7 +22,6 @@ import functools
 import ipaddress
 import logging
 import time
-from pathlib import Path
 
 import redis
 from limits import parse
@@ -30,11 +29,11 @@ from limits.errors import StorageError
 from limits.storage import RedisClusterStorage, RedisStorage
 from limits.strategies import FixedWindowRateLimiter
 
-from app.store.keys import QUOTA_KEY_PREFIX, ThreadKeys, client_sockets_key, quota_identity
-from app.store.thread_store import StoreUnavailable
+from app.store.errors import StoreUnavailable
+from app.store.keys import QUOTA_KEY_PREFIX, ThreadKeys, quota_identity
+from app.store.scripts import lua_script
 
 log = logging.getLogger(__name__)
-LUA_DIR = Path(__file__).with_name("lua")
 
 
 def client_of(address: str | None, ipv6_prefix: int = 64) -> str:
@@ -95,8 +94,7 @@ class Quotas:
         else:
             storage = RedisStorage(redis_url, connection_pool=client.connection_pool, key_prefix=QUOTA_KEY_PREFIX)
         self._limiter = FixedWindowRateLimiter(storage)
-        self._socket = client.register_script((LUA_DIR / "claim_socket.lua").read_text())
-        self._stats = client.register_script((LUA_DIR / "record_turn_stats.lua").read_text())
+        self._stats = lua_script(client, "record_turn_stats.lua")
 
     @_guard
     def hit(self, kind: str, who: str, limit: str) -> bool:
@@ -120,22 +118,6 @@ class Quotas:
         """Seconds until ``who`` may ``kind`` again under ``limit`` (at least 1)."""
         reset, _remaining = self._limiter.get_window_stats(parse(limit), quota_identity(kind, who))
         return max(1, int(reset - time.time()) + 1)
-
-    @_guard
-    def claim_client_socket(self, address: str, socket_id: str, *, most: int, lease_seconds: float) -> bool:
-        """Take a place for one open websocket of ``address``; False when ``most`` are open."""
-        return bool(self._socket(keys=[client_sockets_key(address)],
-                                 args=["claim", socket_id, int(lease_seconds * 1000), most]))
-
-    @_guard
-    def renew_client_socket(self, address: str, socket_id: str, *, lease_seconds: float) -> None:
-        """Extend the lease of a websocket of ``address`` by ``lease_seconds`` from now."""
-        self._socket(keys=[client_sockets_key(address)], args=["renew", socket_id, int(lease_seconds * 1000), 0])
-
-    @_guard
-    def release_client_socket(self, address: str, socket_id: str) -> None:
-        """Give a closed websocket's place back."""
-        self._socket(keys=[client_sockets_key(address)], args=["release", socket_id, 0, 0])
 
     @_guard
     def record_turn_stats(self, thread_id: str, record_json: str, *, most: int, ttl_seconds: int) -> bool:

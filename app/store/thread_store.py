@@ -14,54 +14,51 @@ commit's assistant message id stored?  did ``gen`` move on with this fold's
 reported; when the read-back fails too, the call raises ``OutcomeUnknown`` (a ``StoreUnavailable``: the
 write may have happened; docs/contract.md: the done frame's ``"saved": "unknown"``, HTTP "outcome unknown").
 Only a read-back that finds the write absent reports it as not written.
+
+The store is split by what each part owns:
+
+- ``ThreadStore`` (here): the thread's state, its commit, clear and compare-and-sets, and its events channel;
+- ``app.store.stored_state``: reading the stored hash into a ``ThreadState`` (and the caches of checked parts);
+- ``app.store.compaction_markers`` (``ThreadStore.markers``): the pending-compaction markers and the activity key,
+  as typed values;
+- ``app.store.compaction_history`` (``ThreadStore.history``): the capped compaction history, ``HISTORY_MAX``;
+- ``app.store.socket_leases``: websocket leases, for the session's and the address's limits alike;
+- ``app.store.health``: the ``/healthz`` probes;
+- ``app.store.errors``: the errors above and ``ErrorGuard`` (``ThreadStore.guard``), through which every part maps
+  Redis failures.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
-import re
-import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
 import redis
-from marshmallow import ValidationError
 
-from app.memory import migration
-from app.memory.cache import bytes_cached
 from app.memory.compaction.policy import hard_cap_messages
 from app.memory.final_turn import FinalTurn, prepare_final_turn
-from app.memory.schemas import MESSAGE_SCHEMA, stored_state_schema
 from app.memory.limits import MemoryLimits
 from app.memory.record import Record
-from app.memory.state import PINNED_BY_PERSON, Pin, ThreadMessage, ThreadState
+from app.memory.state import Pin, ThreadMessage, ThreadState
+from app.store.compaction_history import CompactionHistory, encode_entry
+from app.store.compaction_markers import CompactionMarkers, RefineStatus
 from app.store.compaction_outcome import Outcome, Reason, reason_of
-from app.store.keys import HEALTH_PROBE_KEY, ThreadKeys
+from app.store.errors import (CorruptState, ErrorGuard, OutcomeUnknown, StoreUnavailable, Unsettled, guarded,
+                              never_sent)
+from app.store.keys import ThreadKeys
 from app.store.redis_client import StoreClient, is_cluster, run_script_and_wait, without_retries
+from app.store.scripts import lua_script
+from app.store.stored_state import dumps as _dumps
+from app.store.stored_state import forgotten_turns as _forgotten_turns
+from app.store.stored_state import parse_state
+
+__all__ = ["CommitResult", "CompactionCommit", "CorruptState", "ForgetCommit", "OutcomeUnknown", "RefineStatus",
+           "StoreUnavailable", "ThreadStore"]
 
 log = logging.getLogger(__name__)
-LUA_DIR = Path(__file__).with_name("lua")
-
-
-class StoreUnavailable(RuntimeError):
-    """The store could not be reached or answered with an error.  Its text is for logs only."""
-
-
-class OutcomeUnknown(StoreUnavailable):
-    """A memory-changing script was sent, its reply was lost and reading the thread back failed too: it may
-    or may not have been applied (never "not written").  Its text is for logs only."""
-
-
-class CorruptState(RuntimeError):
-    """The stored hash does not satisfy the stored-state schema (or is not a hash).  Its text is for logs only.
-
-    Readers treat the thread as empty and unreadable (docs/contract.md: ``memory_unreadable``);
-    ``ThreadStore.clear`` always repairs it.
-    """
 
 
 @dataclass(frozen=True)
@@ -125,139 +122,8 @@ class ForgetCommit:
     """True when the reply was lost and the outcome was read back (``archive_removed`` is then not known: 0)."""
 
 
-@dataclass(frozen=True)
-class RefineStatus:
-    """What the refinement step reads besides the thread (``ThreadStore.refine_status``).
-
-    Attributes:
-        refined_turns: person turns the model's part covered so far (``rf``).
-        unrefined_folds: applied folds since the last refinement (``uf``).
-        activity: ``streaming`` while a turn of the thread streams, ``idle`` within
-            ``COMPACTION_IDLE_SECONDS`` after a turn, None when quiet.
-        activity_ms: milliseconds the activity key still lives (0 when absent).
-    """
-
-    refined_turns: int = 0
-    unrefined_folds: int = 0
-    activity: str | None = None
-    activity_ms: int = 0
-
-
-def _never_sent(exc: BaseException) -> bool:
-    """True when ``exc`` (a redis-py connection error) came from making the connection (refused, unreachable,
-    name not resolved): the command was never written, so its outcome is known (not run)."""
-    seen: BaseException | None = exc
-    for _ in range(5):
-        if seen is None:
-            return False
-        if isinstance(seen, (ConnectionRefusedError, socket.gaierror)):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
-
-
-class Unsettled(redis.ConnectionError):
-    """The reply of a memory-changing script was lost after it was sent (internal to the store)."""
-
-
-# A counter field (``v``, ``gen``, ``clr``): a non-negative decimal integer, as HINCRBY writes it.
-_COUNTER_RE = re.compile(r"\A[0-9]{1,12}\Z")
-
-
-def _counter(raw: dict, name: str) -> int:
-    """The counter ``name`` of a stored hash (0 when absent).
-
-    Raises:
-        ValueError: the field is not a non-negative integer of at most 12 digits (as ``lua/clear_thread.lua``).
-    """
-    value = raw.get(name)
-    if value is None:
-        return 0
-    if not isinstance(value, str) or not _COUNTER_RE.match(value):
-        raise ValueError(f"{name} is not a counter")
-    return int(value)
-
-
-def _forgotten_turns(value) -> tuple[int, ...]:
-    """The ``fgt`` field: a JSON array of positive turn numbers (absent: none), ascending.
-
-    Raises:
-        ValueError: not that shape.
-    """
-    if value is None:
-        return ()
-    turns = json.loads(value)
-    if not isinstance(turns, list) or any(type(t) is not int or t < 1 for t in turns):
-        raise ValueError("fgt is not a list of turn numbers")
-    return tuple(sorted(set(turns)))
-
-
-def _dumps(value) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-
-
-def _guard(fn):
-    """Turn any Redis failure of a ``ThreadStore`` method into ``StoreUnavailable``, telling ``on_error`` first."""
-    @functools.wraps(fn)
-    def wrapper(self: "ThreadStore", *args, **kwargs):
-        try:
-            return fn(self, *args, **kwargs)
-        except redis.RedisError as exc:
-            self._report_error(fn.__name__)
-            raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from exc
-    return wrapper
-
-
-_MESSAGE_FIELDS = frozenset(("id", "role", "text", "createdAt"))
-
-
-def _checked_message(data) -> ThreadMessage:
-    """A stored message checked with ``MessageSchema`` (exactly four fields; docs/contract.md: ThreadState)."""
-    if not isinstance(data, dict) or data.keys() != _MESSAGE_FIELDS:
-        raise ValueError("a stored message must have exactly id, role, text and createdAt")
-    return _checked_message_values(data["id"], data["role"], data["text"], data["createdAt"])
-
-
-@bytes_cached(32 * 1024 * 1024, 128 * 1024)  # README: Performance (each process's memory)
-def _checked_message_values(id_, role, text, created_at) -> ThreadMessage:
-    MESSAGE_SCHEMA.load({"id": id_, "role": role, "text": text, "createdAt": created_at})
-    return ThreadMessage(id_, role, text, created_at)
-
-
-@bytes_cached(16 * 1024 * 1024, 256 * 1024)
-def _checked_meta(limits: MemoryLimits, summary: str, pins_json: str, notes_json: str, last: str | None):
-    """Record, pins, notes and ``lastCompactedAt`` checked with the stored-state schema (its limits).
-
-    The schema's ``summary`` is the record as this version wrote it, rendered (``Record.render``); a summary an
-    earlier version stored (``migration.TEXT_FORMAT``) is checked as it is stored, so that reading it in
-    today's shape never makes a thread that was valid unreadable.
-    """
-    meta = _meta(limits, summary, pins_json, notes_json, last)
-    checked = summary if migration.stored_format(summary) == migration.TEXT_FORMAT else meta[0].render()
-    stored_state_schema(limits).load({"messages": [], "summary": checked, "pins": json.loads(pins_json),
-                                      "notes": json.loads(notes_json), "lastCompactedAt": last})
-    return meta
-
-
-def _meta(limits: MemoryLimits, summary: str, pins_json: str, notes_json: str, last: str | None):
-    """``(record, pins, notes, lastCompactedAt)`` of a stored hash, without the schema's checks.
-
-    The record is read by ``app.memory.migration`` (any stored shape).  Pins a model wrote before notes
-    existed (``by="model"``) are returned as notes, after the stored notes, within ``limits.notes_max``.
-
-    Raises:
-        ValueError: the record is not of a shape any version wrote, or of a newer one
-            (``migration.read_record``).
-    """
-    pins, notes = json.loads(pins_json), json.loads(notes_json)
-    person = tuple(Pin(p["text"], p["by"]) for p in pins if p["by"] == PINNED_BY_PERSON)
-    legacy = [p["text"] for p in pins if p["by"] != PINNED_BY_PERSON]
-    record = migration.read_record(summary)
-    return record, person, tuple([*notes, *legacy][-limits.notes_max:]) if legacy else tuple(notes), last
-
-
 class ThreadStore:
-    """Reads and writes ThreadState in Redis.
+    """Reads and writes ThreadState in Redis; holds the thread's compaction ``markers`` and ``history``.
 
     Args:
         client: a ``redis.Redis`` with ``decode_responses=True``.
@@ -283,25 +149,29 @@ class ThreadStore:
         self.limits = limits
         self.ttl = ttl_seconds
         self.validate_reads = validate_reads
-        self.on_error = on_error
+        self.guard = ErrorGuard(on_error)
+        """The store's error guard: every reader of the store's keys maps Redis errors through it."""
         self.wait_replicas = wait_replicas
         self.wait_timeout_ms = wait_timeout_ms
         self.sharded_events = is_cluster(client)
-        self._commit = client.register_script((LUA_DIR / "commit_turn.lua").read_text())
-        self._clear = client.register_script((LUA_DIR / "clear_thread.lua").read_text())
-        self._apply = client.register_script((LUA_DIR / "apply_compaction.lua").read_text())
-        self._set_pins = client.register_script((LUA_DIR / "set_pins.lua").read_text())
-        self._set_notes = client.register_script((LUA_DIR / "set_notes.lua").read_text())
-        self._release = client.register_script((LUA_DIR / "release_marker.lua").read_text())
-        self._record = client.register_script((LUA_DIR / "record_compaction.lua").read_text())
-        self._hold = client.register_script((LUA_DIR / "hold_marker.lua").read_text())
-
-        self._refine = client.register_script((LUA_DIR / "apply_refinement.lua").read_text())
-        self._forget = client.register_script((LUA_DIR / "forget_turn.lua").read_text())
-
-        self._socket = client.register_script((LUA_DIR / "claim_socket.lua").read_text())
+        self.markers = CompactionMarkers(client, self.guard)
+        """The thread's pending-compaction markers and activity key (``app.store.compaction_markers``)."""
+        self.history = CompactionHistory(client, self.guard, ttl_seconds)
+        """The thread's compaction history (``app.store.compaction_history``)."""
+        self._commit = lua_script(client, "commit_turn.lua")
+        self._clear = lua_script(client, "clear_thread.lua")
+        self._apply = lua_script(client, "apply_compaction.lua")
+        self._set_pins = lua_script(client, "set_pins.lua")
+        self._set_notes = lua_script(client, "set_notes.lua")
+        self._refine = lua_script(client, "apply_refinement.lua")
+        self._forget = lua_script(client, "forget_turn.lua")
         self.writer = without_retries(client)
         """The client memory-changing scripts run on: no retry after a command was sent."""
+
+    @property
+    def on_error(self) -> Callable[[str], None] | None:
+        """The error hook (``guard.on_error``)."""
+        return self.guard.on_error
 
     def _write(self, script, keys: list[str], args: list):
         """Run a memory-writing script once (never retried); with ``wait_replicas``, also ``WAIT`` on the
@@ -317,27 +187,20 @@ class ThreadStore:
             answer, acknowledged = run_script_and_wait(self.writer, script, keys, args,
                                                        replicas=self.wait_replicas, timeout_ms=self.wait_timeout_ms)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
-            if _never_sent(exc):
+            if never_sent(exc):
                 raise  # the connection could not be made: Redis never saw the script
             raise Unsettled(f"{type(exc).__name__}: {exc}") from exc
         if acknowledged < self.wait_replicas:
             log.warning("memory write acknowledged by %d of %d replicas within %d ms", acknowledged,
                         self.wait_replicas, self.wait_timeout_ms)
-            self._report_error("wait_replicas")
+            self.guard.report("wait_replicas")
         return answer
-
-    def _report_error(self, operation: str) -> None:
-        if self.on_error is None:
-            return
-        try:
-            self.on_error(operation)
-        except Exception:  # observability never changes what the store does
-            log.debug("store error not reported", exc_info=True)
 
     # -- reading -----------------------------------------------------------------------------
 
     def parse(self, raw: dict) -> ThreadState:
-        """Build a ThreadState from an HGETALL answer (``{}`` gives the empty state).
+        """Build a ThreadState from an HGETALL answer (``{}`` gives the empty state;
+        ``app.store.stored_state.parse_state`` with this store's limits and ``validate_reads``).
 
         Every part is checked with the stored-state schema; a part already checked in this
         process (a message, or the summary with the pins) is not checked again, so a turn
@@ -348,31 +211,9 @@ class ThreadStore:
         Raises:
             CorruptState: the hash does not satisfy the stored-state schema.
         """
-        if not raw:
-            return ThreadState()
-        try:
-            version, gen, cleared = _counter(raw, "v"), _counter(raw, "gen"), _counter(raw, "clr")
-            folded = _counter(raw, "ft")
-            forgets = _counter(raw, "fg")
-            forgotten = _forgotten_turns(raw.get("fgt"))
-            messages = json.loads(raw.get("messages") or "[]")
-            if not isinstance(messages, list):
-                raise ValueError("messages is not a list")
-            meta = (self.limits, raw.get("summary", ""), raw.get("pins") or "[]", raw.get("notes") or "[]",
-                    raw.get("lastCompactedAt"))
-            if self.validate_reads:
-                parsed = tuple(_checked_message(m) for m in messages)
-                record, pins, notes, last = _checked_meta(*meta)
-            else:
-                parsed = tuple(ThreadMessage.from_dict(m) for m in messages)
-                record, pins, notes, last = _meta(*meta)
-        except (ValueError, TypeError, KeyError, AttributeError, RecursionError, ValidationError) as exc:
-            raise CorruptState(f"{type(exc).__name__}: {exc}"[:300]) from None
-        return ThreadState(messages=parsed, record=record, pins=pins, last_compacted_at=last,
-                           version=version, gen=gen, notes=notes, cleared=cleared,
-                           folded_turns=folded, forgets=forgets, forgotten_turns=forgotten)
+        return parse_state(raw, self.limits, validate=self.validate_reads)
 
-    @_guard
+    @guarded
     def load(self, thread_id: str) -> ThreadState:
         """Return the thread's state (the empty state for an unknown thread).
 
@@ -398,7 +239,7 @@ class ThreadStore:
 
     # -- writing -----------------------------------------------------------------------------
 
-    @_guard
+    @guarded
     def commit_messages(self, thread_id: str, user: ThreadMessage, assistant: ThreadMessage,
                         *, dedupe_by_text: bool, expected_cleared: int | None = None,
                         expected_forgets: int | None = None) -> CommitResult:
@@ -440,14 +281,14 @@ class ThreadStore:
             messages = json.loads(raw[0] or "[]")
             ids = {m.get("id") for m in messages if isinstance(m, dict)}
         except (redis.RedisError, ValueError, TypeError) as exc:
-            self._report_error("commit_messages")
+            self.guard.report("commit_messages")
             raise OutcomeUnknown(f"lost reply not settled: {lost}; {type(exc).__name__}") from exc
         version = int(raw[1] or 0)
         if assistant.id in ids or user.id in ids:
             log.warning("commit on %s settled by reading back: %s", thread_id[:13],
                         "written" if assistant.id in ids else "a duplicate")
             return CommitResult(assistant.id in ids, version, len(messages), (user, assistant), settled=True)
-        self._report_error("commit_messages")
+        self.guard.report("commit_messages")
         raise StoreUnavailable(f"lost reply settled by reading back: not written ({lost})")
 
     def commit_final_turn(self, thread_id: str, turn: FinalTurn, *, expected_cleared: int | None = None,
@@ -468,7 +309,7 @@ class ThreadStore:
         return self.commit_messages(thread_id, user, assistant, dedupe_by_text=by_text,
                                     expected_cleared=expected_cleared, expected_forgets=expected_forgets)
 
-    @_guard
+    @guarded
     def clear(self, thread_id: str) -> int:
         """Empty the thread atomically and move its generation and clear counter on; return the new version.
 
@@ -502,15 +343,15 @@ class ThreadStore:
         try:
             cleared, version = self.redis.hmget(ThreadKeys(thread_id).state, "clr", "v")
         except redis.RedisError as exc:
-            self._report_error("clear")
+            self.guard.report("clear")
             raise OutcomeUnknown(f"lost reply not settled: {lost}; {type(exc).__name__}") from exc
         if cleared is not None and cleared != before:
             log.warning("clear of %s settled by reading back: cleared", thread_id[:13])
             return int(version or 0)
-        self._report_error("clear")
+        self.guard.report("clear")
         raise StoreUnavailable(f"lost reply settled by reading back: not cleared ({lost})")
 
-    @_guard
+    @guarded
     def apply_compaction(self, thread_id: str, *, expected_gen: int, folded_ids: list[str], record: Record,
                          notes: list[str], compacted_at: str) -> CompactionCommit:
         """Compare-and-set a compaction result (see ``lua/apply_compaction.lua``).
@@ -540,7 +381,7 @@ class ThreadStore:
                                     folded_turns=int(result[6]), dropped_turns=dropped)
         return CompactionCommit(Outcome.STALE, detail=reason_of(str(result[1])))
 
-    @_guard
+    @guarded
     def apply_refinement(self, thread_id: str, *, expected_gen: int, refined_turns: int, record: Record,
                          notes: list[str]) -> CompactionCommit:
         """Compare-and-set the model's part of a compaction (``lua/apply_refinement.lua``): the record (as
@@ -561,7 +402,7 @@ class ThreadStore:
             return CompactionCommit(Outcome.APPLIED, int(result[1]))
         return CompactionCommit(Outcome.STALE, detail=reason_of(str(result[1])))
 
-    @_guard
+    @guarded
     def forget_turn(self, thread_id: str, *, expected_gen: int, turns: Sequence[int], message_ids: list[str],
                     record: Record | None, notes: list[str], entries: Sequence[dict], max_entries: int,
                     turn_message_ids: Sequence[str] = ()) -> ForgetCommit:
@@ -585,7 +426,7 @@ class ThreadStore:
             result = self._write(self._forget, keys.ttl_keys(),
                                  [str(expected_gen), _dumps([int(t) for t in turns]), _dumps(list(message_ids)),
                                   "0" if record is None else "1", "" if record is None else record.to_stored(),
-                                  _dumps(list(notes)), _dumps([json.dumps(e, separators=(",", ":")) for e in entries]),
+                                  _dumps(list(notes)), _dumps([encode_entry(e) for e in entries]),
                                   int(max_entries), self.ttl, _dumps(list(turn_message_ids))])
         except Unsettled as exc:
             return self._settle_forget(thread_id, expected_gen, list(turns), len(message_ids), exc)
@@ -601,7 +442,7 @@ class ThreadStore:
             gen, forgotten, version = self.redis.hmget(ThreadKeys(thread_id).state, "gen", "fgt", "v")
             forgotten_turns = _forgotten_turns(forgotten)
         except (redis.RedisError, ValueError, TypeError) as exc:
-            self._report_error("forget_turn")
+            self.guard.report("forget_turn")
             raise OutcomeUnknown(f"lost reply not settled: {lost}; {type(exc).__name__}") from exc
         applied = set(turns) <= set(forgotten_turns) and int(gen or 0) > expected_gen
         log.warning("forget on %s settled by reading back: %s", thread_id[:13], "applied" if applied else "not applied")
@@ -616,7 +457,7 @@ class ThreadStore:
         try:
             gen, value, version = self.redis.hmget(ThreadKeys(thread_id).state, "gen", field_name, "v")
         except redis.RedisError as exc:
-            self._report_error("apply_compaction")
+            self.guard.report("apply_compaction")
             raise OutcomeUnknown(f"lost reply not settled: {lost}; {type(exc).__name__}") from exc
         applied = str(gen or "0") == str(expected_gen + 1) and value == written
         log.warning("compare-and-set on %s settled by reading back: %s", thread_id[:13],
@@ -625,23 +466,7 @@ class ThreadStore:
             return CompactionCommit(Outcome.APPLIED, int(version or 0), settled=True)
         return CompactionCommit(Outcome.STALE, detail=Reason.GENERATION, settled=True)
 
-    @_guard
-    def refine_status(self, thread_id: str) -> RefineStatus:
-        """``rf``, ``uf`` and the thread's activity key with its remaining life, in one round trip."""
-        keys = ThreadKeys(thread_id)
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.hmget(keys.state, "rf", "uf")
-        pipe.get(keys.active)
-        pipe.pttl(keys.active)
-        (refined, unrefined), activity, left = pipe.execute()
-        return RefineStatus(int(refined or 0), int(unrefined or 0), activity, max(int(left or 0), 0))
-
-    @_guard
-    def mark_activity(self, thread_id: str, activity: str, seconds: float) -> None:
-        """Set the thread's activity key (``streaming`` or ``idle``) for ``seconds``."""
-        self.redis.set(ThreadKeys(thread_id).active, activity, px=max(int(seconds * 1000), 1))
-
-    @_guard
+    @guarded
     def set_pins(self, thread_id: str, *, expected_gen: int, pins: list[Pin]) -> bool:
         """Replace the pins if the generation is still ``expected_gen``; False when stale.  A lost reply is
         settled by reading back (``_settle_pins``).
@@ -665,13 +490,13 @@ class ThreadStore:
         try:
             gen, *values = self.redis.hmget(ThreadKeys(thread_id).state, "gen", *names)
         except redis.RedisError as exc:
-            self._report_error("set_pins")
+            self.guard.report("set_pins")
             raise OutcomeUnknown(f"lost reply not settled: {lost}; {type(exc).__name__}") from exc
         applied = int(gen or 0) > expected_gen and values == [written[name] for name in names]
         log.warning("pins of %s settled by reading back: %s", thread_id[:13], "applied" if applied else "not applied")
         return applied
 
-    @_guard
+    @guarded
     def set_pins_and_notes(self, thread_id: str, *, expected_gen: int, pins: list[Pin], notes: list[str]) -> bool:
         """Replace the person's pins and the model's notes together if the generation is still
         ``expected_gen`` (``lua/set_notes.lua``); False when stale or the thread does not exist.
@@ -690,50 +515,9 @@ class ThreadStore:
             return self._settle_pins(thread_id, expected_gen, {"pins": pins_json, "notes": notes_json}, exc)
         return bool(result[0])
 
-    # -- compaction marker ---------------------------------------------------------------------
+    # -- events ----------------------------------------------------------------------------------
 
-    @_guard
-    def mark_compaction_pending(self, thread_id: str, version: int, ttl_seconds: int, *,
-                                refine: bool = False) -> bool:
-        """Set the one-pending marker (SET NX EX) of the fold, or with ``refine`` of the refinement; False when
-        one is already pending (or the thread's folds are blocked: ``block_compactions``)."""
-        keys = ThreadKeys(thread_id)
-        return bool(self.redis.set(keys.refining if refine else keys.compacting, str(version), nx=True,
-                                   ex=ttl_seconds))
-
-    @_guard
-    def release_compaction_marker(self, thread_id: str, version: int, *, refine: bool = False) -> bool:
-        """Remove the pending marker if it still holds ``version`` (``lua/release_marker.lua``)."""
-        keys = ThreadKeys(thread_id)
-        return bool(self._release(keys=[keys.refining if refine else keys.compacting], args=[str(version)]))
-
-    @_guard
-    def block_compactions(self, thread_id: str, reason: str, seconds: int) -> None:
-        """Mark the thread's folds as failing for a reason a retry will not fix: the marker holds
-        ``blocked:<reason>`` for ``seconds`` (a clear removes it), so turns do not ask again meanwhile."""
-        self.redis.set(ThreadKeys(thread_id).compacting, f"blocked:{reason}", ex=int(seconds))
-
-    @_guard
-    def compactions_blocked(self, thread_id: str) -> str | None:
-        """The reason the thread's folds are blocked (``block_compactions``), or None."""
-        value = self.redis.get(ThreadKeys(thread_id).compacting)
-        return value[8:] if isinstance(value, str) and value.startswith("blocked:") else None
-
-    # -- compaction history and events ---------------------------------------------------------
-
-    @_guard
-    def record_compaction(self, thread_id: str, entry: dict, max_entries: int, *, cleared: int | None = None) -> bool:
-        """Push one history entry (numbers and categories only) on the thread's capped history list.
-
-        Nothing is recorded for a thread that does not exist, nor, with ``cleared`` (the clear counter the work
-        read), for a thread cleared since (``lua/record_compaction.lua``).
-        """
-        keys = ThreadKeys(thread_id)
-        return bool(self._record(keys=[keys.state, keys.compactions],
-                                 args=[json.dumps(entry, separators=(",", ":")), max_entries, self.ttl,
-                                       "" if cleared is None else str(int(cleared))]))
-
-    @_guard
+    @guarded
     def publish_event(self, thread_id: str, frame: dict) -> None:
         """Publish a ``memory`` frame on the thread's events channel (open sockets relay it).
 
@@ -746,57 +530,23 @@ class ThreadStore:
         else:
             self.redis.publish(channel, data)
 
-    @_guard
-    def ping(self) -> bool:
-        """True when Redis answers PING."""
-        return bool(self.redis.ping())
+    # -- the compaction markers' two calls the turn path and the benchmarks make through the store --------------
 
-    @_guard
-    def hold_compaction_marker(self, thread_id: str, version: int, ttl_seconds: int, *, refine: bool = False) -> bool:
-        """Give the pending-compaction marker a new expiry (seconds) for the task of ``version``.
-
-        Sets it when it holds ``version`` or is gone; a marker of another version is left alone
-        and False is returned (``lua/hold_marker.lua``).
+    def mark_compaction_pending(self, thread_id: str, version: int, ttl_seconds: int, *,
+                                refine: bool = False) -> bool:
+        """``markers.mark_compaction_pending``: set the one-pending marker (SET NX EX); False when one is pending
+        or the thread's folds are blocked.  ``CompactionRequests`` marks through this method, so that a caller
+        may time or wrap one store's marking (``bench/compaction.py``).
 
         Raises:
             StoreUnavailable: Redis failed.
         """
-        keys = ThreadKeys(thread_id)
-        return bool(self._hold(keys=[keys.refining if refine else keys.compacting],
-                               args=[str(version), int(ttl_seconds)]))
+        return self.markers.mark_compaction_pending(thread_id, version, ttl_seconds, refine=refine)
 
-    def probe_write(self) -> bool:
-        """True when Redis takes a write: ``SET health:{probe} <ms> EX 60`` (one small key, overwritten).
-
-        False when Redis answers but refuses it (``maxmemory`` with ``noeviction``, a read-only
-        replica, a refused command).  Used by ``/healthz`` (cached there).
+    def refine_status(self, thread_id: str) -> RefineStatus:
+        """``markers.refine_status``: ``rf``, ``uf`` and the thread's activity key with its remaining life.
 
         Raises:
-            StoreUnavailable: Redis did not answer (connection or timeout).
+            StoreUnavailable: Redis failed.
         """
-        try:
-            self.redis.set(HEALTH_PROBE_KEY, "1", ex=60)
-            return True
-        except redis.ResponseError:
-            return False
-        except redis.RedisError as exc:
-            raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from exc
-
-    # -- websocket leases (WS_MAX_PER_SESSION; never memory) -------------------------------------
-
-    @_guard
-    def claim_socket(self, thread_id: str, socket_id: str, *, most: int, lease_seconds: float) -> bool:
-        """Take a place for one open websocket of the session; False when ``most`` are open
-        (``lua/claim_socket.lua``; a lease not renewed within ``lease_seconds`` frees its place)."""
-        return bool(self._socket(keys=[ThreadKeys(thread_id).sockets],
-                                 args=["claim", socket_id, int(lease_seconds * 1000), most]))
-
-    @_guard
-    def renew_socket(self, thread_id: str, socket_id: str, *, lease_seconds: float) -> None:
-        """Extend a websocket's lease by ``lease_seconds`` from now."""
-        self._socket(keys=[ThreadKeys(thread_id).sockets], args=["renew", socket_id, int(lease_seconds * 1000), 0])
-
-    @_guard
-    def release_socket(self, thread_id: str, socket_id: str) -> None:
-        """Give a closed websocket's place back."""
-        self._socket(keys=[ThreadKeys(thread_id).sockets], args=["release", socket_id, 0, 0])
+        return self.markers.refine_status(thread_id)

@@ -14,7 +14,6 @@ from app.identity import current_thread_id
 from app.memory.hydration import build_hydration, empty_hydration
 from app.llm.health import model_status
 from app.runtime.capabilities import tools_enabled
-from app.store.archive import archived_turns, earliest_kept_turn
 from app.store.thread_store import CorruptState, OutcomeUnknown, StoreUnavailable
 from app.web.responses import ApiError, guarded_json, outcome_unknown, store_unavailable
 
@@ -54,8 +53,8 @@ def get_thread():
         log.warning("hydration degraded for thread %s: %s", thread_id[:13], type(exc).__name__)
         return guarded_json(empty_hydration(thread_id))
     try:
-        archived = archived_turns(services().store, thread_id) if state.folded_turns else []
-        earliest = earliest_kept_turn(services().store, thread_id, state)
+        archived = services().archive.newest_turns(thread_id) if state.folded_turns else []
+        earliest = services().archive.earliest_kept_turn(thread_id, state)
     except StoreUnavailable:
         archived, earliest = [], None  # the earlier turns stay out of view; the thread itself is shown
     return guarded_json(build_hydration(thread_id, state, archived=archived, earliest_kept_turn=earliest))
@@ -89,19 +88,19 @@ def store_health() -> str:
     """``up``, ``degraded`` (Redis answers but refuses writes: maxmemory with noeviction, read-only)
     or ``down`` (no answer).
 
-    PING on every call; the write probe (``ThreadStore.probe_write``, one small key) at most once
+    PING on every call; the write probe (``StoreHealth.probe_write``, one small key) at most once
     per ``HEALTH_WRITE_PROBE_SECONDS`` per process, its answer kept in between.
     """
     svc = services()
     try:
-        svc.store.ping()
+        svc.store_health.ping()
     except StoreUnavailable:
         return "down"
     cache = current_app.extensions.setdefault("health_write_probe", {"at": None, "writable": True})
     now = time.monotonic()
     if cache["at"] is None or now - cache["at"] >= svc.settings.health_write_probe_interval:
         try:
-            writable = svc.store.probe_write()
+            writable = svc.store_health.probe_write()
         except StoreUnavailable:
             return "down"
         if not writable:

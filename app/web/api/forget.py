@@ -12,9 +12,9 @@ counts, linear in it once), one compare-and-set script (``ThreadStore.forget_tur
 members, record lines, notes, the forgotten-turn set, the forget counter, the generation, history entries),
 retried a few times on a stale generation.  The CPU part runs off the event loop (``off_the_event_loop``: a real
 thread under gevent).  A turn already forgotten is a no-op.  Then every process cache of the thread is dropped in
-one place (``archive_store.drop_thread``; this process keeps the index without the forgotten turns); other
-processes' archive indexes are keyed by the forget counter and the thread's creation stamp, their token counts by a
-digest of the text, and the bundled model's slot file of the thread is deleted (``drop_thread_cache``).  Refusals
+one place (``Services.caches.drop_thread``: this process keeps the index without the forgotten turns, and the
+bundled model's slot file of the thread is deleted); other processes' archive indexes are keyed by the forget
+counter and the thread's creation stamp, their token counts by a digest of the text.  Refusals
 are ``ApiError`` answers (400, 404, 409; 503 with the store down).
 """
 
@@ -31,15 +31,13 @@ from flask import Blueprint, request
 from app.chat.events import forget_frame
 from app.extensions import services
 from app.identity import current_thread_id
-from app.llm.cache_key import drop_thread_cache
 from app.chat.turn import off_the_event_loop
 from app.memory.forget import Quoting, contains_phrase, plan_forget
 from app.memory.state import utc_now_iso
 from app.observability import accounting
-from app.store import archive as archive_store
-from app.store.archive import load_turn_memory
+from app.store.compaction_history import HISTORY_MAX, forget_entry
 from app.store.keys import ThreadKeys
-from app.store.thread_store import CorruptState, OutcomeUnknown, StoreUnavailable
+from app.store.errors import CorruptState, OutcomeUnknown, StoreUnavailable
 from app.web.api.pins import ITEM_NUMBER_RE
 from app.web.bodies import BAD_PHRASE, PHRASE_QUERY, forget_body, load_body, load_query
 from app.web.responses import MEMORY_UNREADABLE, STORE_UNAVAILABLE, ApiError, UnknownOutcome, guarded_json
@@ -52,8 +50,6 @@ STATUS_TTL_SECONDS = 120
 """Life of a forget job's status key (``ThreadKeys.forgetting``) should the process die before deleting it."""
 POST_MAX_TURNS = 50
 """Most turns one ``POST /api/chat/forget`` forgets."""
-HISTORY_MAX = 50
-"""Entries the compaction history keeps (as ``app.compaction.service.HISTORY_MAX``)."""
 NOT_FOUND = ("not_found", "This conversation has no such turn.")
 
 
@@ -113,7 +109,7 @@ def get_turn(n: str):
     svc, thread_id = services(), current_thread_id()
     state = svc.store.load(thread_id)
     turn = _turn_number(n, state)
-    archived = archive_store.archived_turn(svc.store, thread_id, turn)
+    archived = svc.archive.turn(thread_id, turn)
     where, reason, messages = _where(state, turn, archived)
     return guarded_json({"turn": turn, "where": where, "reason": reason, "messages": messages})
 
@@ -188,7 +184,7 @@ def _forget_job(thread_id: str, turns: list[int], phrase: str | None = None) -> 
     """
     svc = services()
     for _attempt in range(FORGET_ATTEMPTS):
-        state, index = load_turn_memory(svc.store, thread_id, run=off_the_event_loop)
+        state, index = svc.archive.load_turn_memory(thread_id, run=off_the_event_loop)
         for turn in turns:
             _turn_number(str(turn), state)
         new = frozenset(t for t in turns if t not in state.forgotten_turns)
@@ -197,8 +193,7 @@ def _forget_job(thread_id: str, turns: list[int], phrase: str | None = None) -> 
         plan, texts, ids, archived = off_the_event_loop(lambda: _plan(state, index, new, phrase))
         recent = {n for n in state.turn_numbers() if n in new}
         now = int(time.time() * 1000)
-        entries = [{"at": now, "outcome": "applied", "reason": "forgotten", "step": "forget", "forgottenTurn": t}
-                   for t in sorted(new)]
+        entries = [forget_entry(t, now) for t in sorted(new)]
         committed = svc.store.forget_turn(thread_id, expected_gen=state.gen, turns=sorted(new),
                                           message_ids=list(plan.message_ids), record=plan.record,
                                           notes=list(plan.notes), entries=entries, max_entries=HISTORY_MAX,
@@ -207,8 +202,7 @@ def _forget_job(thread_id: str, turns: list[int], phrase: str | None = None) -> 
             # a reply settled by reading back does not know the new forget counter: rebuild the index on next use
             kept = None if committed.settled else off_the_event_loop(
                 lambda: index.without(new, forgets=committed.forgets))
-            archive_store.drop_thread(thread_id, texts, keep=kept)
-            drop_thread_cache(svc.settings, thread_id)
+            svc.caches.drop_thread(thread_id, texts=texts, keep=kept)
             log.info("%d turns forgotten in %s: %d recent messages, %d archived, %d record lines, %d notes",
                      len(new), thread_id[:13], committed.recent_removed, committed.archive_removed,
                      plan.record_lines, plan.notes_removed)
@@ -248,7 +242,7 @@ def preview_forget():
     """Every memory item holding the phrase: 200 ``{"phrase", "items": [{"place", "turn", "text"}]}``; 400."""
     phrase = load_query(PHRASE_QUERY, {"phrase": request.args.get("phrase")}, BAD_PHRASE.message)["phrase"]
     svc, thread_id = services(), current_thread_id()
-    state, index = load_turn_memory(svc.store, thread_id, run=off_the_event_loop)
+    state, index = svc.archive.load_turn_memory(thread_id, run=off_the_event_loop)
     items: list[dict] = []
     for messages, number in zip(state.turns(), state.turn_numbers()):
         items.extend({"place": "recent", "turn": number, "text": m.text}
@@ -312,7 +306,7 @@ def export_thread():
     """Everything the thread holds, as a JSON download (docs/contract.md: GET /api/chat/export)."""
     svc, thread_id = services(), current_thread_id()
     state = svc.store.load(thread_id)
-    archived = archive_store.all_archived_turns(svc.store, thread_id) if state.folded_turns else []
+    archived = svc.archive.all_turns(thread_id) if state.folded_turns else []
     try:
         compactions = accounting.load_compactions(svc, thread_id)
     except redis.RedisError as exc:  # the history is part of the export, so the export fails
@@ -327,7 +321,7 @@ def export_thread():
         "pins": state.pinned_decisions,
         "archive": [{"turn": t.number, "messages": [m.to_dict() for m in t.messages]} for t in archived],
         "compactions": compactions,
-        "earliestKeptTurn": archive_store.earliest_kept_turn(svc.store, thread_id, state),
+        "earliestKeptTurn": svc.archive.earliest_kept_turn(thread_id, state),
     }
     response, status = guarded_json(payload)
     response.headers["Content-Disposition"] = 'attachment; filename="chat-export.json"'

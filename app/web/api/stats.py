@@ -12,7 +12,6 @@ from app.identity import current_thread_id
 from app.observability import accounting, metrics
 from app.memory.context import shorten_answer
 from app.observability.inspector import resolve_prompt
-from app.store.archive import load_turn_memory
 from app.store.thread_store import CorruptState, StoreUnavailable
 from app.web.responses import MEMORY_UNREADABLE, error_response, guarded_json, store_unavailable
 
@@ -49,7 +48,7 @@ def get_inspector():
     svc = services()
     try:
         records = accounting.load_turn_records(svc, thread_id, limit=1)
-        state, archive = load_turn_memory(svc.store, thread_id)  # the archive shows what was folded since
+        state, archive = svc.archive.load_turn_memory(thread_id)  # the archive shows what was folded since
     except CorruptState:  # one status for one state (docs/contract.md: HTTP): 409 as every other route
         log.warning("inspector of %s: memory unreadable", thread_id[:13])
         return error_response(409, *MEMORY_UNREADABLE)
