@@ -3,7 +3,7 @@
 The context meter and the token chart update after each turn, pin and unpin work in
 the memory panel, a thumbs-down is stored (read back from Redis), the inspector shows
 what the model saw, and the panel is photographed into ``test-output/memory-panel-only.png``
-(the README's pictures come from ``tests/test_browser_memory_truth.py``).
+(the docs' pictures come from ``tests/test_browser_memory_truth.py``).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@
 - A turn waiting for its first token says so, with the seconds elapsed; answers and code blocks copy exactly;
   the model's full name is shown; a turn whose thread was cleared meanwhile is shown as not saved.
 
-Screenshots go to ``test-output/``; with ``UPDATE_DOCS_SCREENSHOT=1`` the README's pictures
+Screenshots go to ``test-output/``; with ``UPDATE_DOCS_SCREENSHOT=1`` the docs' pictures (README.md, docs/memory.md)
 (``docs/memory-panel.png``, ``docs/chat-narrow.png``) are refreshed from here.
 """
 
@@ -138,7 +138,8 @@ def test_folded_turns_stay_and_a_reload_opens_on_the_summary(make_live_app, app_
     narrow = OUTPUT_DIR / "chat-narrow.png"
     page.screenshot(path=str(narrow))
     assert page.errors == []
-    if os.environ.get("UPDATE_DOCS_SCREENSHOT") == "1":  # refresh the README's pictures on purpose only
+    # refresh the docs' pictures (README.md, docs/memory.md) on purpose only
+    if os.environ.get("UPDATE_DOCS_SCREENSHOT") == "1":
         shutil.copyfile(desktop, ROOT / "docs" / "memory-panel.png")
         shutil.copyfile(narrow, ROOT / "docs" / "chat-narrow.png")
 

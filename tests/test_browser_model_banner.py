@@ -1,4 +1,4 @@
-"""The page says when the model is down (README: Identity and degradation): a banner from ``GET /healthz``.
+"""The page says when the model is down (docs/memory.md: Identity and degradation): a banner from ``GET /healthz``.
 
 Debian's Chromium through Playwright against the live app and the fake model server, which is stopped
 (a real server closing its port) and started again on the same port.  A screenshot goes to ``test-output/``.

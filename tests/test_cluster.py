@@ -1,4 +1,4 @@
-"""Memory on a real Redis Cluster (3 masters, 3 replicas) with RabbitMQ as the broker (README: Scale-out).
+"""Memory on a real Redis Cluster (3 masters, 3 replicas) with RabbitMQ as the broker (docs/scale-out.md).
 
 The storage cases that matter for a cluster, run on it: every key of a thread in one slot, a turn
 committed once, dedupe, the compare-and-sets with a turn committed while a refinement's model call is in

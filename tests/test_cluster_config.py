@@ -1,4 +1,4 @@
-"""The scale-out settings and their start-up checks (README: Scale-out; docs/contract.md: Configuration).
+"""The scale-out settings and their start-up checks (docs/scale-out.md; docs/contract.md: Configuration).
 
 ``REDIS_CLUSTER``, ``CELERY_BROKER_URL``, ``MEMORY_WAIT_REPLICAS`` and ``MEMORY_WAIT_TIMEOUT_MS``: each bad
 value, and each mismatch between them and the servers they name (a seed that is no cluster node, a cluster
@@ -69,7 +69,7 @@ def test_the_rabbitmq_configuration_keeps_every_delivery_guarantee():
     assert "task_queues" not in redis_conf
     assert amqp_conf["broker_url"] == "amqp://u:p@mq:5672/chat"
     assert amqp_conf["broker_transport_options"] == {"confirm_publish": True}  # no visibility timeout
-    # folds and refinements each on their own durable quorum queue (README: Deployment, the refiner process)
+    # folds and refinements each on their own durable quorum queue (docs/deployment.md: the refiner process)
     assert [(q.name, q.durable, q.queue_arguments) for q in amqp_conf["task_queues"]] == [
         ("compaction", True, {"x-queue-type": "quorum"}), ("refine", True, {"x-queue-type": "quorum"})]
     assert [(q.exchange.name, q.exchange.type, q.exchange.durable, q.routing_key) for q in amqp_conf["task_queues"]] == [

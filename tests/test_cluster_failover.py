@@ -7,7 +7,7 @@ thread on another master carries on, and once the replica has taken over the sam
 fold and refine (``COMPACTION_REFINE_AFTER_FOLDS=1``: a refinement right after each fold) and deliver the
 events of both again.
 
-Redis replicates asynchronously (README: Scale-out).  To make "acknowledged just before the kill" a
+Redis replicates asynchronously (docs/scale-out.md).  To make "acknowledged just before the kill" a
 fact rather than a race, the replica of the thread's master is paused and its replication link cut
 (``CLIENT KILL TYPE replica``) before the last turn:
 
@@ -31,7 +31,7 @@ from tests.fixtures.celery_worker import (ANSWER_TAIL, asked, history, record, u
 from chat_support.live_app import ChatClient, answer_text
 
 ANSWER = {"summary": "They talked about small things.", "pinnedDecisions": []}
-# Long enough that folding one turn leaves room for the model's gist under the gain rule (README: A compaction):
+# Long enough that folding one turn leaves room for the model's gist under the gain rule (docs/memory.md: A compaction):
 # with ANSWER_TAIL alone a first fold frees too little, and with two sentences it folds without asking the model.
 REPLY = ("that is a lovely thing to ask about," + ANSWER_TAIL + ". And it is a number that children learn early, "
          "so it feels friendly and familiar to almost everybody. Many stories use it too, and people smile when "
@@ -73,7 +73,7 @@ def failover(make_compaction_rig, make_live_app, cluster_settings, fake_llm, red
             assert done(browser.turn(said(n), message_id=f"m{n}"))["status"] == "completed"
         master = redis_cluster.owner_of(ThreadKeys(tid).state)
         # The worker has been running: its client knows every node, not only the seed (which may be the
-        # master killed below; a process that starts while its seed is down waits for it: README).
+        # master killed below; a process that starts while its seed is down waits for it: docs/scale-out.md).
         assert len(rig.store.load(tid).messages) == 6 and rig.client.exists(ThreadKeys(tid).state) == 1
         return rig, live, browser, tid, master, redis_cluster.replica_of(master)
 

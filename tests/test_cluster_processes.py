@@ -33,7 +33,7 @@ from chat_support.servers import free_ports, wait_http
 
 ANSWER = {"summary": "They talked about small things.", "pinnedDecisions": []}
 SECOND_ANSWER = {"summary": "They talked about the number two.", "pinnedDecisions": []}
-# Long enough that folding one turn leaves room for the model's gist under the gain rule (README: A compaction):
+# Long enough that folding one turn leaves room for the model's gist under the gain rule (docs/memory.md: A compaction):
 # with ANSWER_TAIL alone a first fold frees too little, and with two sentences it folds without asking the model.
 REPLY = ("that is a lovely thing to ask about," + ANSWER_TAIL + ". And it is a number that children learn early, "
          "so it feels friendly and familiar to almost everybody. Many stories use it too, and people smile when "

@@ -1,4 +1,4 @@
-"""``COMPACTION_BASE_URL``: compaction calls may go to an endpoint of their own (README: The bundled model).
+"""``COMPACTION_BASE_URL``: compaction calls may go to an endpoint of their own (docs/bundled-model.md).
 
 With the bundled model, ``make run`` points it at a second model server so chat turns never queue behind a
 compaction; unset, compaction uses ``OPENAI_BASE_URL`` as before.  Two fake OpenAI-compatible servers over real

@@ -1,4 +1,4 @@
-"""What Flower shows as a compaction task's result (README: A compaction): there is no result backend, so the
+"""What Flower shows as a compaction task's result (docs/memory.md: A compaction): there is no result backend, so the
 task's return value is what its Result column says.  A stale compaction is neither a plain success nor a failure."""
 
 from __future__ import annotations

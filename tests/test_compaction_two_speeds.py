@@ -1,5 +1,5 @@
-"""Compaction in two speeds (README: A compaction): the fold needs no model and keeps the bound; the model's part
-waits for a quiet thread (or K folds), never runs while a turn streams, and a stale one is discarded; the commit's
+"""Compaction in two speeds (docs/memory.md: A compaction): the fold needs no model and keeps the bound; the model's
+part waits for a quiet thread (or K folds), never runs while a turn streams, and a stale one is discarded; the commit's
 hard cap and the refusal of a reused message id (docs/contract.md: the done frame).
 
 Real Redis, the fake LLM over HTTP; the service's task bodies are called directly (no eager Celery)."""

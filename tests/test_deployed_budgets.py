@@ -1,5 +1,5 @@
-"""Budgets of the Procfile's ``web`` as deployed (gunicorn, gevent, two workers, production; README: Deployment,
-"Budgets"; docs/contract.md: HTTP, WebSocket).
+"""Budgets of the Procfile's ``web`` as deployed (gunicorn, gevent, two workers, production;
+docs/deployment.md: "Budgets"; docs/contract.md: HTTP, WebSocket).
 
 Each test plays its clients from addresses of its own: the deployment trusts one proxy (``TRUSTED_PROXIES``'s
 production default), so ``X-Forwarded-For`` names the client as a platform's router would.

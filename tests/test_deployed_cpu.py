@@ -1,6 +1,6 @@
 """Crafted messages against the Procfile's ``web`` as deployed (gunicorn, gevent, one process): the turn's CPU
 runs in gevent's thread pool (``app.chat.turn.off_the_event_loop``), and another socket of the same process
-streams its answer whole meanwhile (README: Performance).
+streams its answer whole meanwhile (docs/benchmarks.md: Performance).
 
 Values only (no timing): every crafted message ends in a completed turn (stored word for word) or in the
 contract's ``input_too_long``, the socket keeps working after it, and a second visitor's turn that streams

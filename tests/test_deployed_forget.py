@@ -1,4 +1,4 @@
-"""A forgotten word, against the Procfile's real processes (README: "Forget and provenance"; docs/contract.md:
+"""A forgotten word, against the Procfile's real processes (docs/memory.md: "Forget and provenance"; docs/contract.md:
 Forget and provenance): the ``web`` (gunicorn, gevent, ``--preload``, two workers, production) and the ``worker``
 (Celery, prefork, RabbitMQ at 127.0.0.1:5672 as the broker) on a Redis of their own, and the fake model recording
 every request.

@@ -1,5 +1,5 @@
 """Forget against the Procfile's ``web`` (gunicorn, gevent, production) on a Redis of its own, the fake model
-streaming (README: "Forget and provenance"; docs/contract.md: Forget and provenance):
+streaming (docs/memory.md: "Forget and provenance"; docs/contract.md: Forget and provenance):
 
 - a forget of 50 turns of a thread at its archive's limit (2,000 turns, about 2 MB, written straight into the store)
   beside another visitor's streaming answer on the same web process: the forget completes in one request and the

@@ -1,5 +1,5 @@
 """Websocket limits of the Procfile's ``web`` as deployed (gunicorn, gevent, two workers; docs/contract.md:
-WebSocket, close codes; README: Deployment).
+WebSocket, close codes; docs/deployment.md).
 
 - ``WEB_THREADS=8``: each worker serves at most 6 sockets (``WS_MAX_PER_WORKER`` derived: 8 minus 2 kept for
   HTTP) and closes the next with 1013; ``WS_MAX_PER_SESSION=4`` closes a session's fifth socket with 4429 over

@@ -10,7 +10,7 @@ group, production environment; ``tests.helpers.processes``) against the test Red
   thread's compactions only while the queued marker lives (``COMPACTION_QUEUED_TTL_SECONDS``):
   the next turn that finds a compaction due after that asks again, and the worker applies it;
 - a running refinement (the step that waits on the model) holds its marker past the queued TTL, so a
-  fold meanwhile, which runs at once beside it, does not ask for a second one (README: Deployment);
+  fold meanwhile, which runs at once beside it, does not ask for a second one (docs/deployment.md);
 - with the ``refiner:`` process beside it (refinements on their own ``refine`` queue), a fold for one
   thread is applied while two other threads' refinements wait on a slow model: folds never queue
   behind refinements.

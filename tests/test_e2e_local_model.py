@@ -53,7 +53,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MODEL_NAME = "qwen2.5-coder-0.5b-instruct"
 TASK = "workers.compact_thread"
 REFINE_TASK = "workers.refine_thread"
-# The first turn is long enough that folding it leaves room for the model's gist under the gain rule (README: A
+# The first turn is long enough that folding it leaves room for the model's gist under the gain rule (docs/memory.md: A
 # compaction): it only asks (questions, requests, an instruction for this reply), so the record keeps no statement
 # of it, only the question and the answer's sentence.
 FIRST = ("Could you help me plan a relaxed weekend away with a few friends and give some ideas about where to go and "

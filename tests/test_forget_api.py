@@ -1,4 +1,4 @@
-"""Forget and provenance (README: "Forget and provenance"; docs/contract.md: Forget and provenance): the turn,
+"""Forget and provenance (docs/memory.md: "Forget and provenance"; docs/contract.md: Forget and provenance): the turn,
 forget and export routes, their origin and session rules, the archive's dropped turns, a compaction read before a
 forget being discarded, and the proof that a forgotten word reaches no prompt, response, Redis key or cache.
 

@@ -1,4 +1,4 @@
-"""The memory rules' data (app/memory/data/*.toml, built by app/memory/lexicon.py; README: Memory rules).
+"""The memory rules' data (app/memory/data/*.toml, built by app/memory/lexicon.py; docs/memory.md: The rules).
 
 The tests read the same tables the rules do: every cue list's entries are recognised as the form that list
 stands for; the rule-group switch (``MEMORY_RULES_OFF``) turns a group off, and only that group; the

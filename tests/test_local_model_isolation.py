@@ -1,4 +1,4 @@
-"""Sessions never see each other's cache on the bundled model's server (README: The bundled model).
+"""Sessions never see each other's cache on the bundled model's server (docs/bundled-model.md: The bundled model).
 
 The chat server has one slot and keeps prompt state only in that slot and in one slot file per thread, which its
 supervisor restores before that thread's requests (``scripts/slot_cache.py``; no RAM prompt cache), so two

@@ -1,4 +1,4 @@
-"""The per-process cache bounded in bytes (app/memory/cache.py; README: Performance)."""
+"""The per-process cache bounded in bytes (app/memory/cache.py; docs/benchmarks.md: Performance)."""
 
 from __future__ import annotations
 

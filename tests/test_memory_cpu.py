@@ -1,5 +1,6 @@
 """CPU per turn: tokenising, sentence splitting and fact reading are linear in their input, recall keeps to its
-budget, and the turn's preparation runs off the event loop under gevent (README: Recall, Performance).
+budget, and the turn's preparation runs off the event loop under gevent (docs/memory.md: Recall;
+docs/benchmarks.md: Performance).
 
 No test here measures time: each asserts a count of operations, a bound on what a step reads, or (for the
 fact guard's patterns) that the ``regex`` engine finishes a scan of a large adversarial text within a

@@ -1,5 +1,5 @@
-"""Corrections win with the bundled model (README: The bundled model, Performance; docs/contract.md: Model context
-for a turn).
+"""Corrections win with the bundled model (docs/bundled-model.md; docs/benchmarks.md: Performance; docs/contract.md:
+Model context for a turn).
 
 The prompt a turn sends (the system prompt, the record message as ``app.memory.context`` renders it, the question)
 for correction cases of ``bench/corrections.py`` whose replaced value the earlier rendering had the model answer:

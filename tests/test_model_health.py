@@ -1,4 +1,4 @@
-"""``GET /healthz`` reports the model endpoint (contract: HTTP; README: Identity and degradation).
+"""``GET /healthz`` reports the model endpoint (contract: HTTP; docs/memory.md: Identity and degradation).
 
 The probe (``app.llm.health``) is checked against real HTTP servers that answer each way (the fake model server
 with a rule for ``/v1/models``), and ``/healthz`` of

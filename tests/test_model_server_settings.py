@@ -1,4 +1,4 @@
-"""The bundled model servers' CPU settings (README: The bundled model): the chat server reads prompts with every
+"""The bundled model servers' CPU settings (docs/bundled-model.md): the chat server reads prompts with every
 CPU, the compaction server with half and at a lower priority, so a chat turn's prompt is read first."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Each thread's prompt cache on the bundled chat server, kept across other threads' turns and never shared
-(``scripts/slot_cache.py``; README: The bundled model).
+(``scripts/slot_cache.py``; docs/bundled-model.md: The bundled model).
 
 The proxy runs for real on loopback in front of a stand-in of llama.cpp's one-slot server with slot files
 (the fake model server with ``slot_dir``: its slot holds the texts of the last request, and each answer says what

@@ -1,4 +1,4 @@
-"""The bundled model's start check (README: The bundled model): a server that cannot complete stops the run.
+"""The bundled model's start check (docs/bundled-model.md): a server that cannot complete stops the run.
 
 ``scripts/model_server.py`` and ``make run`` (``scripts/dev.py`` with honcho) are run for real, with a
 stand-in model server (``chat_support.llama_standin``: the fake model server) that answers ``/v1/models`` and then kills

@@ -1,4 +1,4 @@
-"""Background work yields the CPUs to people (``scripts/cpu_yield.py``; README: The bundled model).
+"""Background work yields the CPUs to people (``scripts/cpu_yield.py``; docs/bundled-model.md: The bundled model).
 
 Both supervisors run for real (``scripts/model_server.py``, the chat one with its slot proxy), each with the
 stand-in server process (``chat_support.llama_standin``: what is tested is the supervisors' and the proxy's

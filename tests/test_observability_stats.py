@@ -121,7 +121,7 @@ def test_a_failed_turn_is_accounted_and_nothing_else_changes(chat, fake_llm):
 
 
 def test_a_first_turn_that_wrote_nothing_leaves_no_key(chat, fake_llm, redis_client):
-    # README: Deployment, "Budgets": statistics live with their thread or not at all
+    # docs/deployment.md: "Budgets": statistics live with their thread or not at all
     thread_id = chat.thread()["threadId"]
     fake_llm.default = Reply(status=400, error_message="bad request")
     assert chat.turn("this one fails")[-1]["status"] == "failed"

@@ -1,4 +1,4 @@
-"""The prompt's fold step (docs/contract.md: ``MEMORY_PROMPT_FOLD_STEP``; README: The bundled model): memory folds
+"""The prompt's fold step (docs/contract.md: ``MEMORY_PROMPT_FOLD_STEP``; docs/bundled-model.md): memory folds
 every due turn at once, while the prompt moves folded turns into its record N at a time and shows the ones in
 between verbatim from the archive, so between two checkpoints the next prompt is the previous one with the newest
 turn appended.

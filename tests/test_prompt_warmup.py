@@ -1,4 +1,4 @@
-"""The prompt warm-up after a compaction (docs/contract.md: ``PROMPT_WARMUP``; README: The bundled model).
+"""The prompt warm-up after a compaction (docs/contract.md: ``PROMPT_WARMUP``; docs/bundled-model.md).
 
 The real app served on loopback, a real Celery worker, the test Redis and the fake LLM over HTTP (its request
 log is what the chat server received).  Two sessions chat; one session's thread folds; the web process that

@@ -1,5 +1,5 @@
 """When a turn recalls archived turns, and how much (docs/contract.md: ``MEMORY_RECALL_WHEN``,
-``MEMORY_RECALL_MAX_TOKENS``; README: Recall)."""
+``MEMORY_RECALL_MAX_TOKENS``; docs/memory.md: Recall)."""
 
 from __future__ import annotations
 

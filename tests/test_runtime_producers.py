@@ -1,6 +1,6 @@
 """Every producer end to end: the real websocket, real Redis, the fake model over HTTP.
 
-README: "The boundary: what enters memory".
+docs/memory.md: "The boundary: what enters memory".
 
 For each producer (plain chat, tool, resource, task list final / blocked / paused then resumed,
 delivery completed / blocked with a long report / failed, cancelled runs) the stored thread holds

@@ -1,4 +1,4 @@
-"""The chat server's proxy puts people first (``scripts/slot_cache.py``; README: The bundled model).
+"""The chat server's proxy puts people first (``scripts/slot_cache.py``; docs/bundled-model.md: The bundled model).
 
 The proxy runs for real on loopback in front of the fake model server keeping llama.cpp's one slot (a stand-in for
 the proxy's own logic: queueing, preemption, wait events and the path guard; what llama.cpp does with a cancelled

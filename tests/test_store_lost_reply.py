@@ -1,4 +1,5 @@
-"""A memory-changing script whose reply is lost (docs/contract.md: the done frame; README: Budgets, honest outcomes).
+"""A memory-changing script whose reply is lost (docs/contract.md: the done frame; docs/memory.md: Forget and
+provenance, a lost reply).
 
 Between the store and the real test Redis runs a TCP proxy that, once armed, lets the next script (``EVALSHA``)
 through and closes the connection instead of returning its reply, or drops the script before Redis sees it, or

@@ -1,4 +1,4 @@
-"""The one list of turn statuses: which write memory and what ``done`` says (README: "A turn")."""
+"""The one list of turn statuses: which write memory and what ``done`` says (docs/memory.md: "A turn")."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Nothing waits behind a warm-up, and no prefix is read twice, with the real bundled model (README: The bundled
-model; ``scripts/slot_cache.py``).
+"""Nothing waits behind a warm-up, and no prefix is read twice, with the real bundled model (docs/bundled-model.md;
+``scripts/slot_cache.py``).
 
 llama.cpp's chat server runs for real (``scripts/model_server.py child``, the settings of ``--role chat``: batches of
 ``LOCAL_MODEL_BATCH`` tokens) behind the slot proxy, served in this process so the test can read the proxy's

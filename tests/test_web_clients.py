@@ -1,4 +1,4 @@
-"""Trusted hosts and proxies, quotas' settings, and a socket's one writer (README: Deployment, "Budgets").
+"""Trusted hosts and proxies, quotas' settings, and a socket's one writer (docs/deployment.md: "Budgets").
 
 - ``TRUSTED_HOSTS``: outside production only loopback names are served (a DNS-rebinding page gets 400
   ``untrusted_host`` for every route, the upgrade included); in production the hosts of ``ALLOWED_ORIGINS``.

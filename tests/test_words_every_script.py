@@ -1,4 +1,4 @@
-"""Words of every script (README: "Forget and provenance", "Recall"): one planted word per script is a token of
+"""Words of every script (docs/memory.md: "Forget and provenance", "Recall"): one planted word per script is a token of
 the memory domain's one tokenizer (``app.memory.words``), recall finds the archived turn that holds it, and a
 forget of that turn takes a model's gist line quoting it out of every later prompt and out of the export.
 

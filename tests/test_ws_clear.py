@@ -1,4 +1,5 @@
-"""Clear wins over a turn in flight (README: "How memory works"; docs/contract.md: WebSocket, the done frame).
+"""Clear wins over a turn in flight (docs/memory.md: "New chat: clearing is final"; docs/contract.md: WebSocket,
+the done frame).
 
 The real app on loopback, real Redis, the fake model streaming slowly: ``DELETE /api/chat/thread`` lands
 while the answer streams; the person still receives the whole answer, ``done`` says it was not saved, and

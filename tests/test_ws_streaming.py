@@ -1,7 +1,7 @@
 """Coalesced deltas on ``/ws/chat``: the real app served on loopback, the fake model over real HTTP.
 
 The answer goes out one frame for whatever arrived since the last frame, at most one per
-``STREAM_FLUSH_INTERVAL_SECONDS`` (README: Performance).  The first token is never held back, no text
+``STREAM_FLUSH_INTERVAL_SECONDS`` (docs/benchmarks.md: Performance).  The first token is never held back, no text
 is lost, doubled or reordered, the last text comes before ``done``, and after a cancel nothing follows
 ``done``.  Nothing here depends on timing: each bound is computed from the run's own elapsed time.
 """

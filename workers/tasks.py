@@ -1,5 +1,5 @@
 """The Celery tasks of the worker process: ``compact_thread`` (the fold) and ``refine_thread`` (the model's part),
-thin shells around the service (README: A compaction).
+thin shells around the service (docs/memory.md: A compaction).
 
 Queue, late acknowledgement, rejection on a lost worker, prefetch and time limits
 come from the Celery configuration (``app.celery_setup``), not from here.
@@ -104,7 +104,7 @@ def compact_thread(self, thread_id: str, seen_version: int) -> str:
     Returns:
         The outcome: ``fold applied``, ``failed``, ``blocked``, ``skipped``, or ``discarded: stale`` for a result
         discarded because the thread changed meanwhile (``STALE_RESULT``).  There is no result
-        backend; Flower shows this value in the task's Result column (README: A compaction).
+        backend; Flower shows this value in the task's Result column (docs/memory.md: A compaction).
 
     Transient failures are retried (``self.retry`` with a jittered exponential countdown,
     at most ``COMPACTION_MAX_RETRIES`` times); the pending marker is kept while a retry waits.

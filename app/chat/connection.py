@@ -1,6 +1,6 @@
 """One websocket connection's writer, and its prompt warm-up after a compaction.
 
-``FrameWriter`` is the socket's one writer (README: Deployment, "Budgets"; docs/contract.md: WebSocket):
+``FrameWriter`` is the socket's one writer (docs/deployment.md: "Budgets"; docs/contract.md: WebSocket):
 
 - ``send`` only puts the frame on the socket's outgoing queue and returns at once, so the turn thread,
   the socket's reader and the process's memory-event hub never wait on a slow peer.  One sender thread

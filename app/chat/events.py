@@ -12,7 +12,7 @@ that thread in this process.  Two transports, by store:
   one reading thread per master; ``SPUBLISH`` reaches only that master (and its
   replicas), and only the web processes showing the thread get the event.  Classic
   pub/sub would copy every event to every node over the cluster bus and to every web
-  process (README: Scale-out, for the figures behind this choice).
+  process (docs/scale-out.md, for the figures behind this choice).
 
 When a connection is lost (a node restarted or failed over) the hub reads the slot
 map again with backoff and subscribes each channel where its slot is served now, so

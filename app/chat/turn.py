@@ -1,6 +1,6 @@
 """The turn runner: read ThreadState, assemble the context, produce the answer, commit once, then ``done``.
 
-A turn's life (``docs/contract.md``, WebSocket; README: "A turn")::
+A turn's life (``docs/contract.md``, WebSocket; docs/memory.md: "A turn")::
 
     start -> [waiting] -> delta* (and display-only tool/progress frames) -> commit (statuses that write memory only)
           -> done -> compaction request (due? marker + enqueue)
@@ -290,7 +290,7 @@ class Turn(TurnIO):
 
         The store reads run here; the CPU work (tokenising new archived turns, counting, recall) runs off
         the event loop under gevent (``off_the_event_loop``), so it never holds up the process's other
-        sockets (README: Performance).  A refused input leaves no count in the token-count cache.
+        sockets (docs/benchmarks.md: Performance).  A refused input leaves no count in the token-count cache.
 
         Raises:
             ContextTooLong: the input does not fit even without recent turns.
@@ -315,7 +315,7 @@ class Turn(TurnIO):
 
         An unexpected error still ends the turn with ``done`` (``failed`` while streaming).
         """
-        self._mark_activity(streaming=True)  # README: A compaction (the model's part waits for quiet)
+        self._mark_activity(streaming=True)  # docs/memory.md: A compaction (the model's part waits for quiet)
         try:
             self._run(context)
         except Exception:
@@ -348,7 +348,7 @@ class Turn(TurnIO):
         self.context = context
         self.writer.send({"type": "start", "messageId": self.message_id})
         if settings.bundled_model and self.services.llm.streams_in_flight:
-            # The bundled model's server answers one request at a time (README: The bundled model): say so.
+            # The bundled model's server answers one request at a time (docs/bundled-model.md): say so.
             self._wait_told = ("model_busy", None, time.monotonic())
             self.send_if_streaming({"type": "waiting", "for": "model_busy", "message": self.WAIT_WORDS["model_busy"]})
         try:
@@ -427,7 +427,8 @@ class Turn(TurnIO):
         return commit if commit.appended else None
 
     def _request_compaction(self, commit, result: ProducerResult) -> None:
-        """Ask for a compaction when one is due after this commit (README: A compaction, step 1); never raises."""
+        """Ask for a compaction when one is due after this commit (docs/memory.md: A compaction, step 1); never
+        raises."""
         counter = self.services.counter
         uncompacted = sum(counter.count(m.text) for m in self.state.messages) + \
             counter.count(result.user_text or self.text) + counter.count(result.text)

@@ -231,7 +231,7 @@ def _turn_refusal(svc: Services, thread_id: str, address: str, *, spend: bool = 
     ``TURNS_PER_MINUTE_PER_CLIENT`` are spent; ``store_full``: the store is past ``STORE_FULL_FRACTION`` of
     its memory and this thread does not exist yet (existing threads go on).  With ``spend`` False nothing is
     counted (asked before the turn is prepared); with ``spend`` True the turn is counted (once it is
-    accepted), so a message refused before its turn starts spends no quota (README: Deployment, "Budgets").
+    accepted), so a message refused before its turn starts spends no quota (docs/deployment.md: "Budgets").
     With the store down nothing is refused here (the turn meets the store's own error).
     """
     quotas = svc.settings.client_quotas

@@ -1,4 +1,4 @@
-"""The name of a thread's prompt cache on the bundled model's chat server (README: The bundled model).
+"""The name of a thread's prompt cache on the bundled model's chat server (docs/bundled-model.md: The bundled model).
 
 The chat server keeps one slot file per thread (``scripts/slot_cache.py``), named by the key a chat request
 carries in ``CACHE_HEADER``: the HMAC-SHA256 of the thread id under the deployment's ``SECRET_KEY``, 64 lowercase

@@ -626,7 +626,7 @@ class LLMClient:
         fast model's tokens come a few at a time: one wake-up, one parse of the buffered bytes and one
         frame per interval instead of per token.  Every stream of the process waits for the same
         ticks, so one wake-up of the process serves all of them (on a 2-core VM a wake-up from idle
-        costs 50-200 us of CPU; README: Performance).  Nothing is dropped or reordered; the end of the
+        costs 50-200 us of CPU; docs/benchmarks.md: Performance).  Nothing is dropped or reordered; the end of the
         stream is read at most 1.5 intervals late.
 
         Args:

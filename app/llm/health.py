@@ -1,4 +1,5 @@
-"""Is the configured model endpoint answering?  The model half of ``GET /healthz`` (README: Identity and degradation).
+"""Is the configured model endpoint answering?  The model half of ``GET /healthz`` (docs/memory.md: Identity and
+degradation).
 
 The probe is one cheap request, ``GET {OPENAI_BASE_URL}/models`` (the SDK's default base URL when unset) with
 the configured API key, cached for ``CACHE_SECONDS`` per endpoint and process so frequent health checks stay

@@ -1,5 +1,5 @@
 """What a chat turn asks of the model besides its prompt: the answer's token bound and the sampler settings
-(docs/contract.md: Configuration; README: The bundled model).
+(docs/contract.md: Configuration; docs/bundled-model.md: The bundled model).
 
 ``answer_options(settings)`` is merged into every streamed chat request (``app.llm.client.LLMClient``) before
 the producer's own arguments, which win.

@@ -1,5 +1,5 @@
-"""Prompt warm-up: have the chat server read a prompt prefix before the turn that needs it (README: The bundled
-model; docs/contract.md: ``PROMPT_WARMUP``).
+"""Prompt warm-up: have the chat server read a prompt prefix before the turn that needs it (docs/bundled-model.md:
+The bundled model; docs/contract.md: ``PROMPT_WARMUP``).
 
 A server that keeps the previous request's prompt cached (llama.cpp's ``cache_prompt``) reads again only what
 follows the part a new prompt shares with it.  After a compaction a thread's prompt changes near its start (a

@@ -69,7 +69,7 @@ OPEN_WEBSOCKETS = Gauge("chat_open_websockets", "Open chat websockets.", multipr
 FEEDBACK = Counter("chat_feedback", "Feedback on assistant messages.", ["rating", "reason"], registry=REGISTRY)
 PIN_REQUESTS = Counter("chat_pin_requests", "Pin and unpin requests by the person, by result.",
                        ["action", "result"], registry=REGISTRY)
-REFUSALS = Counter("chat_client_refusals", "Requests refused by a client budget (README: Deployment, Budgets).",
+REFUSALS = Counter("chat_client_refusals", "Requests refused by a client budget (docs/deployment.md: Budgets).",
                    ["budget"], registry=REGISTRY)
 STORE_ERRORS = Counter("chat_memory_store_errors", "Memory-store (Redis) errors.", ["operation", "process"],
                        registry=REGISTRY)

@@ -3,7 +3,7 @@
 ``stream_reply(io, messages, **extra)`` is the one delta-streaming loop of the runtime: the
 streamed answer's text goes to the person through ``io.delta`` as it arrives, one frame for
 whatever arrived since the last one (the first token at once, then at most one frame per
-``STREAM_FLUSH_INTERVAL_SECONDS``; README: Performance), without the tags that frame memory in a prompt
+``STREAM_FLUSH_INTERVAL_SECONDS``; docs/benchmarks.md: Performance), without the tags that frame memory in a prompt
 (``TagStrip``), and the pieces of tool calls (when ``tools`` are offered) are put together.  Plain chat, chat with
 tools and the task list's final answer all stream through it.
 """
@@ -64,8 +64,8 @@ class TagStrip:
     """Takes every mark a prompt frames memory with (``app.memory.context.PROMPT_MARKUP``: the record's and the
     recalled excerpts' tags, the `` […]`` of a shortened answer) out of streamed text, across piece boundaries.
     The bundled 0.5B model sometimes opens or ends an answer with a made-up ``<recalled>…</recalled>`` line, which a
-    person would read as a quotation of memory, or ends it with `` […]``, read as an answer cut short (README: The
-    bundled model); the words between stay, as the model's.
+    person would read as a quotation of memory, or ends it with `` […]``, read as an answer cut short
+    (docs/bundled-model.md: The bundled model); the words between stay, as the model's.
 
     ``feed(piece)`` returns the text that can be shown now: a piece that ends with what could be the start of one
     holds that part back (at most 10 characters) until the next piece tells; ``flush()`` returns what is still

@@ -4,7 +4,7 @@ A *producer* (plain chat, chat with tools, the task-list agent, the delivery wor
 handed a ``TurnIO`` by the turn runner (``app.chat.turn.Turn`` implements it) and returns one
 ``ProducerResult``.  It streams answer text with ``io.delta`` and display-only frames
 (``tool``, ``progress``) with ``io.emit``; only the result's texts can enter memory, and only
-when its status writes memory (``TurnStatus.writes_memory``; README: "The boundary: what
+when its status writes memory (``TurnStatus.writes_memory``; docs/memory.md: "The boundary: what
 enters memory").
 
 To add a producer: a class with ``source`` and ``run(io) -> ProducerResult``, chosen by

@@ -1,4 +1,4 @@
-"""Who the client is and what it may do (README: Deployment, "Budgets"; docs/contract.md: HTTP, WebSocket).
+"""Who the client is and what it may do (docs/deployment.md: "Budgets"; docs/contract.md: HTTP, WebSocket).
 
 A client is its signed session and, for what a session cannot bound, its network address as the
 platform's router reports it: ``TRUSTED_PROXIES`` proxies' ``X-Forwarded-For`` entries are trusted

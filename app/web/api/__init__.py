@@ -1,4 +1,4 @@
-"""The JSON API beside the chat, one blueprint per feature (README: "Seeing what memory did").
+"""The JSON API beside the chat, one blueprint per feature (docs/memory.md: "Seeing what memory did").
 
 Every JSON answer goes through ``guarded_json`` (the forbidden-key guard) and is
 about the caller's own thread only: the thread id always comes from the session

@@ -1,5 +1,5 @@
 """Provenance, forget and export: ``GET``/``DELETE /api/chat/turns/<n>``, ``GET``/``POST /api/chat/forget`` and
-``GET /api/chat/export`` (README: "Forget and provenance"; docs/contract.md: Forget and provenance).
+``GET /api/chat/export`` (docs/memory.md: "Forget and provenance"; docs/contract.md: Forget and provenance).
 
 Turn numbers are those of record lines and archive scores: the n-th person turn of the thread.  A path's
 number is 1-6 ASCII digits, else 404.  Every answer is about the session's own thread (the id comes from the

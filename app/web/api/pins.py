@@ -1,5 +1,5 @@
 """Pins and notes: ``POST /api/chat/pins``, ``DELETE /api/chat/pins/<n>``, ``POST /api/chat/notes/<n>/pin``
-and ``DELETE /api/chat/notes/<n>`` (README: "Seeing what memory did"; docs/contract.md: HTTP).
+and ``DELETE /api/chat/notes/<n>`` (docs/memory.md: "Seeing what memory did"; docs/contract.md: HTTP).
 
 A person's pin is kept word for word (whitespace runs collapsed); pinning a stored
 message pins its text cut at a word boundary to ``MEMORY_PINNED_MAX_CHARS``.  A model's
@@ -134,7 +134,8 @@ def _change(action: str, change: Callable[[ThreadState], tuple[list[Pin], list[s
         for _attempt in range(PIN_WRITE_ATTEMPTS):
             state = svc.store.load(thread_id)
             first = state.cleared if first is None else first
-            if state.cleared > first:  # README: clearing a thread is final for everything that started before it
+            # docs/memory.md: clearing a thread is final for everything that started before it
+            if state.cleared > first:
                 raise ApiError(409, "thread_cleared", "A new chat was started meanwhile, so nothing was changed.")
             if state.cleared < first:  # the clear counter never goes back: the thread expired meanwhile
                 raise ApiError(409, "thread_expired", "This conversation expired meanwhile, so nothing was changed.")
