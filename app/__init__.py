@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from datetime import timedelta
 
-from flask import Flask
+from flask import Flask, Response
 
 from app.extensions import Services
 from app.settings import Settings
@@ -96,7 +96,7 @@ def register_security_headers(app: Flask) -> None:
     """A strict Content-Security-Policy: no inline script, nothing from other origins."""
 
     @app.after_request
-    def add_headers(response):
+    def add_headers(response: Response) -> Response:
         response.headers.setdefault("Content-Security-Policy", CONTENT_SECURITY_POLICY)
         response.headers.setdefault("X-Content-Type-Options", "nosniff")
         response.headers.setdefault("Referrer-Policy", "same-origin")

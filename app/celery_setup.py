@@ -105,7 +105,7 @@ def celery_init_app(app: Flask, settings: Settings) -> Celery:
     """Create the Celery app bound to ``app`` (tasks run inside its app context)."""
 
     class FlaskTask(Task):
-        def __call__(self, *args, **kwargs):
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
             with app.app_context():
                 return self.run(*args, **kwargs)
 

@@ -10,14 +10,19 @@ from __future__ import annotations
 import logging
 import math
 import threading
+from typing import TYPE_CHECKING
 
 from celery import shared_task, signals
 
-from app.compaction.requests import REFINE_TASK_NAME, TASK_NAME
+from app.compaction.requests import REFINE_TASK_NAME, TASK_NAME, SendRefine
 from app.compaction.service import run_compaction, run_refinement
 from app.extensions import services
 from app.observability.metrics import observe_compaction
 from app.store.compaction_outcome import Outcome
+
+if TYPE_CHECKING:
+    from celery import Celery, Task
+    from celery.worker import WorkController
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +42,7 @@ def _warm_in_background() -> None:
     threading.Thread(target=_load_the_fact_reader, name="load-fact-reader", daemon=True).start()
 
 
-def _pool_forks(pool_cls) -> bool:
+def _pool_forks(pool_cls: str | type | None) -> bool:
     """True when ``pool_cls`` (a name such as ``"prefork"`` or a pool class) forks child processes."""
     from celery import concurrency
     from celery.concurrency.prefork import TaskPool as PreforkPool
@@ -57,12 +62,12 @@ def _pool_forks(pool_cls) -> bool:
 
 
 @signals.worker_process_init.connect(weak=False)
-def _warm_child(**_kwargs) -> None:
+def _warm_child(**_kwargs: object) -> None:
     _warm_in_background()
 
 
 @signals.worker_init.connect(weak=False)
-def _warm_unforked_worker(sender=None, **_kwargs) -> None:
+def _warm_unforked_worker(sender: WorkController | None = None, **_kwargs: object) -> None:
     if sender is not None and not _pool_forks(getattr(sender, "pool_cls", None)):
         _warm_in_background()
 
@@ -84,7 +89,7 @@ def retry_countdown_for(broker_url: str | None, seconds: float) -> float:
     return seconds
 
 
-def _refine_sender(app):
+def _refine_sender(app: Celery) -> SendRefine:
     """Publishes ``refine_thread`` for ``(thread_id, token)`` after ``countdown`` seconds (0: at once)."""
     def send(thread_id: str, token: int, countdown: float) -> None:
         options = {"countdown": retry_countdown_for(app.conf.broker_url, countdown)} if countdown > 0 else {}
@@ -93,7 +98,7 @@ def _refine_sender(app):
 
 
 @shared_task(bind=True, name=TASK_NAME)
-def compact_thread(self, thread_id: str, seen_version: int) -> str:
+def compact_thread(self: Task, thread_id: str, seen_version: int) -> str:
     """Fold one thread's oldest turns beyond the recent window, without a model
     (``app.compaction.service.run_compaction``); ask for a refinement when one applied.
 
@@ -130,7 +135,7 @@ REFINED_RESULT = "refined"
 
 
 @shared_task(bind=True, name=REFINE_TASK_NAME)
-def refine_thread(self, thread_id: str, token: int) -> str:
+def refine_thread(self: Task, thread_id: str, token: int) -> str:
     """Add the model's gist and notes for the turns folded since the last refinement, when the thread is
     quiet (``app.compaction.service.run_refinement``).
 

@@ -34,7 +34,7 @@ class JSONRefused(ValueError):
         self.code = code
 
 
-def loads_client_json(data: str | bytes):
+def loads_client_json(data: str | bytes) -> Any:
     """Parse JSON a client sent (a websocket frame, an HTTP body) with orjson.
 
     Nesting is bounded by orjson (``MAX_JSON_DEPTH`` levels); an escape of an unpaired UTF-16
@@ -131,14 +131,14 @@ def refused_as(wrong: Refusal) -> dict[str, Any]:
     return {"required": wrong, "null": wrong, "invalid": wrong}
 
 
-def client_text(wrong: Refusal, *validators: Callable[[Any], None], **kwargs) -> fields.String:
+def client_text(wrong: Refusal, *validators: Callable[[Any], None], **kwargs: Any) -> fields.String:
     """A text field: ``wrong`` when it is missing, null or not a string, then ``validators`` in order
     (``storable`` among them).  ``kwargs`` go to ``fields.String``."""
     return fields.String(error_messages=refused_as(wrong),
                          validate=list(validators), **kwargs)
 
 
-def message_id(wrong: Refusal, **kwargs) -> fields.String:
+def message_id(wrong: Refusal, **kwargs: Any) -> fields.String:
     """A message id (1-128 of ``[A-Za-z0-9_.:-]``, docs/contract.md); ``wrong`` when it is not one."""
     return fields.String(error_messages=refused_as(wrong),
                          validate=check(lambda value: MESSAGE_ID_RE.match(value) is not None, wrong), **kwargs)

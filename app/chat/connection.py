@@ -26,7 +26,7 @@ import logging
 import socket
 import threading
 from collections import deque
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import orjson
 from flask import current_app
@@ -37,6 +37,11 @@ from app.llm.warmup import PromptWarmup
 from app.chat.turn import off_the_event_loop
 from app.memory.context import ContextTooLong, assemble_context
 from app.store.thread_store import CorruptState, StoreUnavailable
+
+if TYPE_CHECKING:
+    from simple_websocket import Server
+
+    from app.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +60,7 @@ class GuardedSocket:
             simple-websocket reads only after its selector said the socket is readable).
     """
 
-    def __init__(self, sock, lock: threading.Lock, send_timeout: float):
+    def __init__(self, sock: socket.socket, lock: threading.Lock, send_timeout: float) -> None:
         self._sock = sock
         self._lock = lock
         try:
@@ -63,12 +68,12 @@ class GuardedSocket:
         except (OSError, AttributeError):
             pass
 
-    def send(self, data) -> int:
+    def send(self, data: bytes) -> int:
         with self._lock:
             self._sock.sendall(data)
         return len(data)
 
-    def sendall(self, data) -> None:
+    def sendall(self, data: bytes) -> None:
         self.send(data)
 
     def recv(self, size: int) -> bytes:
@@ -84,7 +89,7 @@ class GuardedSocket:
         except (OSError, AttributeError):
             pass
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._sock, name)
 
 
@@ -105,8 +110,8 @@ class FrameWriter:
             or None.
     """
 
-    def __init__(self, ws, *, send_timeout: float = SEND_TIMEOUT_SECONDS,
-                 max_queued_bytes: int = MAX_QUEUED_BYTES):
+    def __init__(self, ws: Server, *, send_timeout: float = SEND_TIMEOUT_SECONDS,
+                 max_queued_bytes: int = MAX_QUEUED_BYTES) -> None:
         self._ws = ws
         self._lock = threading.Lock()        # the connection's write lock (GuardedSocket)
         self._cond = threading.Condition()   # the queue's
@@ -147,7 +152,7 @@ class FrameWriter:
             self._cond.notify()
         return True
 
-    def error(self, code: str, message: str, **extra) -> bool:
+    def error(self, code: str, message: str, **extra: object) -> bool:
         """Send ``{"type":"error","code","message", **extra}``."""
         return self.send({"type": "error", "code": code, "message": message, **extra})
 
@@ -233,7 +238,7 @@ class FrameWriter:
                 return
 
 
-def prompt_warmup(settings) -> PromptWarmup:
+def prompt_warmup(settings: Settings) -> PromptWarmup:
     """The process's ``PromptWarmup`` (created on first use, in the Flask app's extensions)."""
     ext = current_app.extensions
     warmup = ext.get("prompt_warmup")

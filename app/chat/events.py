@@ -28,12 +28,12 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from typing import Callable
+from typing import Callable, cast
 
 import redis
 
 from app.store.keys import EVENTS_PATTERN, ThreadKeys, thread_id_from_events_channel
-from app.store.redis_client import StoreClient
+from app.store.redis_client import ClusterClient, StoreClient
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,8 @@ class EventHub:
             self._listeners[thread_id].add(listener)
             if self.sharded:
                 if self._sharded is None:
-                    self._sharded = ShardedSubscriptions(self._client_factory(), self._dispatch, self.subscribed)
+                    self._sharded = ShardedSubscriptions(cast(ClusterClient, self._client_factory()), self._dispatch,
+                                                         self.subscribed)
                 if first:
                     self._sharded.add(ThreadKeys(thread_id).events)
             elif self._thread is None:
@@ -196,7 +197,7 @@ class ShardedSubscriptions:
     where they are served now, retrying with backoff (0.2 s up to 5 s) while that fails.
     """
 
-    def __init__(self, cluster, deliver: Callable[[dict], None], ready: threading.Event):
+    def __init__(self, cluster: ClusterClient, deliver: Callable[[dict], None], ready: threading.Event) -> None:
         self.cluster = cluster
         self.deliver = deliver
         self.ready = ready

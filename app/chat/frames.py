@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 from marshmallow import validates
 
@@ -43,7 +44,7 @@ class CancelFrame:
     """``{"type":"cancel"}``."""
 
 
-def parse_frame(data, *, max_input_chars: int):
+def parse_frame(data: str | bytes, *, max_input_chars: int) -> MessageFrame | CancelFrame:
     """Parse one received websocket message.
 
     Args:
@@ -88,12 +89,12 @@ class MessageFrameSchema(ClientSchema):
     text = client_text(EMPTY_INPUT, check(lambda text: not is_blank(text), EMPTY_INPUT), storable, required=True)
     id = message_id(INVALID_ID, load_default=None, allow_none=True)
 
-    def __init__(self, *, max_input_chars: int, **kwargs):
+    def __init__(self, *, max_input_chars: int, **kwargs: Any) -> None:
         self.max_input_chars = max_input_chars
         super().__init__(**kwargs)
 
     @validates("text")
-    def _length(self, text: str, **kwargs) -> None:
+    def _length(self, text: str, **kwargs: Any) -> None:
         if len(text.strip()) > self.max_input_chars:
             raise refuse(Refusal("input_too_long", f"Messages are limited to {self.max_input_chars} characters."))
 

@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from app.extensions import Services
 from app.compaction.service import fold_at_cap
@@ -43,6 +43,9 @@ from app.memory.status import TurnStatus
 from app.runtime.chat import ChatProducer
 from app.runtime.producer import Producer, ProducerError, ProducerResult, TurnIO
 from app.store.thread_store import OutcomeUnknown, StoreUnavailable
+
+if TYPE_CHECKING:
+    from app.store.thread_store import CommitResult
 
 log = logging.getLogger(__name__)
 
@@ -136,8 +139,9 @@ class Turn(TurnIO):
         producer: what produces the answer (``ChatProducer`` by default).
     """
 
-    def __init__(self, services: Services, writer, thread_id: str, text: str, client_id: str | None,
-                 producer: Producer | None = None):
+    # ``writer`` is a FrameWriter; Any while bench/locomo_qa.py builds prepare()-only turns with writer=None.
+    def __init__(self, services: Services, writer: Any, thread_id: str, text: str, client_id: str | None,
+                 producer: Producer | None = None) -> None:
         self.services = services
         self.writer = writer
         self.thread_id = thread_id
@@ -175,7 +179,7 @@ class Turn(TurnIO):
         """True until ``done`` has been sent."""
         return self._phase != FINISHED
 
-    def _finish(self, status: TurnStatus, **extra) -> None:
+    def _finish(self, status: TurnStatus, **extra: object) -> None:
         self.outcome.status = status
         self._phase = FINISHED
         self._account()  # before done: a stats read after done sees this turn
@@ -386,7 +390,7 @@ class Turn(TurnIO):
             # After done: enqueueing costs a Celery publish (~2 ms) that the person need not wait for.
             self._request_compaction(commit, result)
 
-    def _commit(self, result: ProducerResult):
+    def _commit(self, result: ProducerResult) -> CommitResult | None:
         """Write the final turn once; return the ``CommitResult`` when appended, else None.
 
         Failures are logged only: memory trouble never changes what the person received.
@@ -401,15 +405,15 @@ class Turn(TurnIO):
         except TurnRejected as exc:
             log.warning("turn on %s not written: %s", self.thread_id[:13], exc.reason)
             self.outcome.unsaved_reason = "rejected"
-            return
+            return None
         except OutcomeUnknown:
             log.error("turn on %s: commit's reply lost and not read back: saved unknown", self.thread_id[:13])
             self.outcome.saved_unknown = True
-            return
+            return None
         except StoreUnavailable:
             log.error("turn on %s not written: store unavailable", self.thread_id[:13])
             self.outcome.unsaved_reason = "store_unavailable"
-            return
+            return None
         if commit.refused == "full" and not self._folded_at_cap:
             self._folded_at_cap = True  # the worker's folds are behind: fold here, without the model, once
             if fold_at_cap(self.services, self.thread_id):
@@ -426,7 +430,7 @@ class Turn(TurnIO):
                 self._request_compaction(commit, result)
         return commit if commit.appended else None
 
-    def _request_compaction(self, commit, result: ProducerResult) -> None:
+    def _request_compaction(self, commit: CommitResult, result: ProducerResult) -> None:
         """Ask for a compaction when one is due after this commit (docs/memory.md: A compaction, step 1); never
         raises."""
         counter = self.services.counter

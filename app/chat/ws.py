@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 import uuid
+from typing import TYPE_CHECKING
 
 from flask import Blueprint, current_app, request
 from flask_sock import Sock
@@ -31,6 +32,9 @@ from app.store.quotas import client_of
 from app.store.redis_client import make_redis
 from app.store.socket_leases import LeaseOwner
 from app.store.thread_store import CorruptState, StoreUnavailable
+
+if TYPE_CHECKING:
+    from simple_websocket import Server
 
 log = logging.getLogger(__name__)
 sock = Sock()
@@ -61,7 +65,7 @@ LEASE_SECONDS = 60.0       # a session socket's lease in Redis, renewed every th
 class _OpenSockets:
     """How many websockets this process serves; ``enter`` refuses beyond ``most``."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self.count = 0
 
@@ -81,7 +85,7 @@ OPEN_SOCKETS = _OpenSockets()
 
 
 @sock.route("/ws/chat", bp=bp)
-def chat_socket(ws):
+def chat_socket(ws: Server) -> None:
     """Serve one browser connection until it closes, the person goes idle, or a limit refuses it.
 
     Limits (docs/contract.md: WebSocket, close codes): at most ``ws_per_worker_limit`` sockets per
@@ -155,7 +159,7 @@ def _release_client_place(svc: Services, address: str, socket_id: str) -> None:
             pass  # the lease ends by itself
 
 
-def _serve(ws, writer: FrameWriter) -> None:
+def _serve(ws: Server, writer: FrameWriter) -> None:
     svc = services()
     thread_id = current_thread_id()
     address = client_address(svc)
@@ -171,7 +175,8 @@ def _serve(ws, writer: FrameWriter) -> None:
         _release_client_place(svc, address, socket_id)
 
 
-def _serve_claimed(ws, writer: FrameWriter, svc: Services, thread_id: str, address: str, socket_id: str) -> None:
+def _serve_claimed(ws: Server, writer: FrameWriter, svc: Services, thread_id: str, address: str,
+                   socket_id: str) -> None:
     settings = svc.settings
     if not _claim_session_place(svc, thread_id, socket_id):
         log.info("websocket of %s refused: %d open already", thread_id[:13], settings.ws_max_per_session)
@@ -273,7 +278,7 @@ def store_full(svc: Services) -> bool:
     return cache["full"]
 
 
-def _handle(svc: Services, writer: FrameWriter, thread_id: str, data, turn: Turn | None, *,
+def _handle(svc: Services, writer: FrameWriter, thread_id: str, data: str | bytes, turn: Turn | None, *,
             address: str = "unknown") -> Turn | None:
     """Act on one received frame; return the connection's turn (a new one when a turn started)."""
     try:

@@ -28,7 +28,7 @@ def one_of(field: str, *values: str) -> tuple[Any, ...]:
     """The checks of an answer field that must be one of ``values`` (its type: ``Literal[values]``)."""
     message = f"{field} must be " + " or ".join(f'"{v}"' for v in values)
 
-    def check(value):
+    def check(value: object) -> object:
         if value not in values:
             raise ValueError(message)
         return value
@@ -41,7 +41,7 @@ def text(field: str, *, non_blank: bool = False, max_chars: int | None = None) -
     at most ``max_chars`` characters (its type: ``str``)."""
     message = f"{field} must be a non-empty string" if non_blank else f"{field} must be a string"
 
-    def check(value):
+    def check(value: object) -> str:
         if not isinstance(value, str) or (non_blank and not value.strip()):
             raise ValueError(message)
         return value.strip()[:max_chars]

@@ -12,7 +12,11 @@ import hashlib
 import hmac
 import http.client
 import logging
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
+
+if TYPE_CHECKING:
+    from app.settings import Settings
 
 log = logging.getLogger(__name__)
 DROP_TIMEOUT = 2.0
@@ -33,7 +37,7 @@ def thread_cache_key(secret: str, thread_id: str) -> str:
     return hmac.new(secret.encode(), _DOMAIN + thread_id.encode(), hashlib.sha256).hexdigest()
 
 
-def cache_headers(settings, thread_id: str | None) -> dict[str, str]:
+def cache_headers(settings: Settings, thread_id: str | None) -> dict[str, str]:
     """``{CACHE_HEADER: key}`` for a request about ``thread_id`` to the bundled model, else ``{}`` (a hosted
     provider, no thread, or no secret)."""
     if not thread_id or not getattr(settings, "bundled_model", False) or not getattr(settings, "secret_key", ""):
@@ -41,7 +45,7 @@ def cache_headers(settings, thread_id: str | None) -> dict[str, str]:
     return {CACHE_HEADER: thread_cache_key(settings.secret_key, thread_id)}
 
 
-def drop_thread_cache(settings, thread_id: str) -> bool:
+def drop_thread_cache(settings: Settings, thread_id: str) -> bool:
     """Ask the bundled model's chat server to delete ``thread_id``'s slot file (``DELETE /cache`` with
     ``CACHE_HEADER``; ``scripts/slot_cache.py`` answers it from loopback only), after a forget.
 

@@ -20,7 +20,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import openai
 import orjson
@@ -30,6 +30,12 @@ from app.llm.cache_key import cache_headers
 from app.llm.provider import LLMError, make_openai_client, map_error
 from app.llm.sampling import answer_options
 from app.settings import Settings
+
+if TYPE_CHECKING:
+    import h11
+    import httpx2
+    from openai._response import ResponseContextManager
+    from openai.types.chat import ChatCompletionChunk
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +85,7 @@ class CancelEvent(threading.Event):
     a stall (with a plain ``Event`` the stream is only closed when the next chunk arrives).
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__()
         self._callbacks: list = []
         self._callbacks_lock = threading.Lock()
@@ -94,7 +100,7 @@ class CancelEvent(threading.Event):
             except Exception:
                 log.debug("cancel callback failed", exc_info=True)
 
-    def add_callback(self, callback) -> None:
+    def add_callback(self, callback: Callable[[], None]) -> None:
         """Run ``callback()`` when the event is set (at once when it already is)."""
         with self._callbacks_lock:
             if not self.is_set():
@@ -102,7 +108,7 @@ class CancelEvent(threading.Event):
                 return
         callback()
 
-    def remove_callback(self, callback) -> None:
+    def remove_callback(self, callback: Callable[[], None]) -> None:
         """Forget ``callback`` (the stream it would close has ended)."""
         with self._callbacks_lock:
             if callback in self._callbacks:
@@ -117,7 +123,7 @@ class _UpstreamAbort:
     of the stream never shuts down a pooled connection that another request already reuses.
     """
 
-    def __init__(self, stream, cancelled: threading.Event):
+    def __init__(self, stream: SSEStream, cancelled: threading.Event) -> None:
         self._stream = stream
         self._cancelled = cancelled  # the event this may be registered on (a ``CancelEvent``'s ``add_callback``)
         self._lock = threading.Lock()
@@ -185,7 +191,7 @@ READING_NOTICE_TOKENS = 200
 """Prompt progress is told (``on_wait("reading", percent)``) only while more than this many tokens remain to read."""
 
 
-def event_error(error) -> LLMError:
+def event_error(error: object) -> LLMError:
     """The ``LLMError`` of an error event in a stream that had already answered 200
     (``data: {"error": {"message", "code": <HTTP status>}}``, as llama.cpp's server and the bundled model's
     slot proxy send it): the same as a non-200 answer with that status would give (``map_error``), so it is
@@ -290,7 +296,7 @@ def truncated_error() -> LLMError:
                     "saved. Please try again.", "truncated", True)
 
 
-def http_parser(response):
+def http_parser(response: httpx2.Response) -> h11.Connection | None:
     """The ``h11.Connection`` parsing ``response``'s body, or None when this transport has none.
 
     httpx exposes no public way to it: the path is httpx2's transport stream, then httpcore2's pooled
@@ -302,7 +308,7 @@ def http_parser(response):
     return parser if hasattr(parser, "trailing_data") else None
 
 
-def _waiting_probe(response) -> Callable[[], bool]:
+def _waiting_probe(response: httpx2.Response) -> Callable[[], bool]:
     """A function telling whether more of ``response``'s body was already received, without reading it.
 
     Over plain TCP one socket read takes everything the kernel holds (up to 64 KiB), so it is enough
@@ -336,7 +342,7 @@ class SSEDecoder:
     may be split anywhere between two ``feed`` calls, even inside a UTF-8 sequence.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._tail = b""
         self.done = False  # [DONE] was read; later bytes are ignored
 
@@ -392,7 +398,8 @@ class SSEStream:
         stats: filled with usage, finish reason and the first-token time as events arrive.
     """
 
-    def __init__(self, manager, stats: StreamStats, clock: Callable[["SSEStream"], SilenceClock] | None = None):
+    def __init__(self, manager: ResponseContextManager[openai.APIResponse[openai.Stream[ChatCompletionChunk]]],
+                 stats: StreamStats, clock: Callable[["SSEStream"], SilenceClock] | None = None) -> None:
         self._manager = manager
         self._api_response = manager.__enter__()
         self.response = self._api_response.http_response  # the httpx response (its socket, for aborts)
@@ -571,7 +578,8 @@ class LLMClient:
         return time.monotonic() + self.settings.llm_first_token_timeout
 
     def _open(self, messages: list[dict], model: str, deadline: float, stats: StreamStats, extra: dict,
-              cancelled: threading.Event, headers: dict | None = None):
+              cancelled: threading.Event,
+              headers: dict | None = None) -> tuple[SSEStream, StreamDelta | None, _UpstreamAbort]:
         """Open a stream and read up to its first text or tool-call delta; returns ``(stream, first, abort)``.
 
         ``first`` is that ``StreamDelta`` (None when the stream ended without one); ``abort`` is the
@@ -617,7 +625,7 @@ class LLMClient:
 
     def stream_chat(self, messages: list[dict], *, cancelled: threading.Event, deadline: float | None = None,
                     stats: StreamStats, model: str | None = None, flush_interval: float = 0.0,
-                    thread_id: str | None = None, **extra) -> Iterator[StreamDelta]:
+                    thread_id: str | None = None, **extra: object) -> Iterator[StreamDelta]:
         """Yield the answer as ``StreamDelta`` values: each holds every event that had arrived when it was read.
 
         The first one comes as soon as the first token does.  With ``flush_interval`` (seconds) the
@@ -667,7 +675,9 @@ class LLMClient:
         finally:
             self._count(-1)
 
-    def _stream(self, retrying, messages, model, deadline, stats, extra, cancelled, flush_interval, headers):
+    def _stream(self, retrying: Retrying, messages: list[dict], model: str, deadline: float, stats: StreamStats,
+                extra: dict, cancelled: threading.Event, flush_interval: float,
+                headers: dict[str, str]) -> Iterator[StreamDelta]:
         """``stream_chat``'s body: open the stream (with ``retrying``), then yield its values."""
         try:
             stream, delta, abort = retrying(self._open, messages, model, deadline, stats, extra, cancelled,

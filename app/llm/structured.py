@@ -40,7 +40,7 @@ from functools import lru_cache
 from typing import Any, Protocol, TypeVar, cast
 
 import openai
-from openai.types.chat import ChatCompletionMessageParam
+from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
 from openai.types.chat.completion_create_params import ResponseFormat
 from pydantic import BaseModel, ValidationError
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_before_delay, wait_exponential
@@ -264,14 +264,14 @@ class StructuredClient:
 
     # -- requests ------------------------------------------------------------------------------
 
-    def _timeout(self, timeout: float | None, deadline: float | None):
+    def _timeout(self, timeout: float | None, deadline: float | None) -> float | openai.Timeout:
         if deadline is None:
             return timeout if timeout is not None else self.timeout
         remaining = max(0.5, deadline - time.monotonic())
         return openai.Timeout(remaining, connect=min(self.connect_timeout, remaining))
 
     def _create(self, messages: list[dict], response_format: dict, timeout: float | None, deadline: float | None,
-                max_tokens: int | None):
+                max_tokens: int | None) -> ChatCompletion:
         extra: dict[str, Any] = {} if self.temperature is None else {"temperature": self.temperature}
         if max_tokens:
             extra["max_tokens"] = max_tokens
@@ -281,7 +281,8 @@ class StructuredClient:
             response_format=cast(ResponseFormat, response_format), timeout=self._timeout(timeout, deadline),
             **extra)
 
-    def _create_with_retries(self, messages, response_format, timeout, deadline, max_tokens):
+    def _create_with_retries(self, messages: list[dict], response_format: dict, timeout: float | None,
+                            deadline: float | None, max_tokens: int | None) -> ChatCompletion:
         stop: stop_base = stop_after_attempt(1 + self.max_retries)
         if deadline is not None:
             # stop_before_delay counts the coming backoff: no attempt starts later than 1 s before the deadline

@@ -43,7 +43,11 @@ from app.store.compaction_history import HISTORY_MAX, HistoryStep
 from app.store.keys import ThreadKeys
 
 if TYPE_CHECKING:  # the layer above, for types only (docs/architecture.md)
+    from app.chat.turn import TurnOutcome
     from app.extensions import Services
+    from app.memory.context import AssembledContext
+    from app.memory.state import ThreadState
+    from app.memory.tokens import TokenCounter
 
 log = logging.getLogger(__name__)
 MAX_TURN_RECORDS = 200
@@ -67,7 +71,8 @@ TURN_REF = re.compile(r"\(turn (\d+)\)")
 """A turn number as recalled excerpts name it (docs/contract.md: Model context for a turn)."""
 
 
-def _prompt_entries(context, state, user_message_id: str | None) -> tuple[list[dict], dict]:
+def _prompt_entries(context: AssembledContext, state: ThreadState | None,
+                    user_message_id: str | None) -> tuple[list[dict], dict]:
     """The prompt's entries and the sections with the folded turns shown word for word counted as ``summary``."""
     stored = {m.id for m in state.messages} if state is not None else None
     sections = {k: int(v) for k, v in context.sections.items()}
@@ -83,7 +88,8 @@ def _prompt_entries(context, state, user_message_id: str | None) -> tuple[list[d
     return entries, sections
 
 
-def turn_record(outcome, *, user_message_id: str, counter, state=None) -> dict | None:
+def turn_record(outcome: TurnOutcome, *, user_message_id: str | None, counter: TokenCounter,
+                state: ThreadState | None = None) -> dict | None:
     """Build the accounting record of a finished turn (None when no prompt was assembled).
 
     Args:
@@ -97,7 +103,7 @@ def turn_record(outcome, *, user_message_id: str, counter, state=None) -> dict |
     if context is None:
         return None
     entries, sections = _prompt_entries(context, state, user_message_id)
-    extra = {}
+    extra: dict[str, int | list[int]] = {}
     if state is not None:
         folded_turns = sum(1 for e in entries if e["origin"] == FOLDED and e["role"] == "user")
         extra = {"recordLast": state.record.last_turn, "recordShown": state.record.last_turn - folded_turns}
@@ -125,7 +131,7 @@ def turn_record(outcome, *, user_message_id: str, counter, state=None) -> dict |
     }
 
 
-def log_prompt(thread_id: str, context, *, message_id: str, include_text: bool) -> None:
+def log_prompt(thread_id: str, context: AssembledContext | None, *, message_id: str, include_text: bool) -> None:
     """Log an assembled prompt at DEBUG: per message origin, role, characters, tokens, SHA-256 prefix.
 
     Args:
@@ -149,7 +155,8 @@ def log_prompt(thread_id: str, context, *, message_id: str, include_text: bool) 
                       len(m.content), m.tokens, content_sha(m.content))
 
 
-def record_turn(services: Services, thread_id: str, outcome, state=None) -> dict | None:
+def record_turn(services: Services, thread_id: str, outcome: TurnOutcome,
+                state: ThreadState | None = None) -> dict | None:
     """Store a turn's accounting record, count it in the metrics and log its prompt; returns the record.
 
     ``state``: the ``ThreadState`` the turn's prompt was assembled from (``turn_record``).
@@ -211,7 +218,7 @@ def public_turn(record: dict) -> dict:
     return out
 
 
-def _iso_from_millis(value) -> str | None:
+def _iso_from_millis(value: object) -> str | None:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         stamp = datetime.fromtimestamp(value / 1000.0, tz=timezone.utc)
         return stamp.isoformat(timespec="milliseconds").replace("+00:00", "Z")

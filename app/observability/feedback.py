@@ -10,10 +10,13 @@ replaces the first (the person changed their mind, or added a reason).  Entry::
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.memory.state import utc_now_iso
 from app.store.feedback_store import FeedbackStore
+
+if TYPE_CHECKING:
+    from app.store.redis_client import StoreClient
 
 MAX_FEEDBACK = 200
 MAX_REASON_CHARS = 500
@@ -30,7 +33,7 @@ def feedback_entry(message_id: str, rating: str, reason: str | None, turn: dict 
     return entry
 
 
-def store_feedback(client, thread_id: str, entry: dict, ttl_seconds: int) -> int:
+def store_feedback(client: StoreClient, thread_id: str, entry: dict, ttl_seconds: int) -> int:
     """Store ``entry`` (replacing the same message's earlier one); returns how many entries are kept.
 
     Raises:
@@ -39,6 +42,6 @@ def store_feedback(client, thread_id: str, entry: dict, ttl_seconds: int) -> int
     return FeedbackStore(client).put(thread_id, entry, MAX_FEEDBACK, ttl_seconds)
 
 
-def load_feedback(client, thread_id: str) -> list[dict]:
+def load_feedback(client: StoreClient, thread_id: str) -> list[dict]:
     """The thread's feedback entries, newest first."""
     return FeedbackStore(client).load(thread_id)

@@ -24,6 +24,7 @@ kept (a failed or cancelled turn's input is not written).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from dataclasses import replace
 
@@ -33,6 +34,9 @@ from app.memory.record import Record
 from app.memory.state import ThreadState
 from app.memory.status import writes_memory
 from app.observability.accounting import content_sha
+
+if TYPE_CHECKING:
+    from app.memory.tokens import TokenCounter
 
 NOTE_FOLDED = "Folded into the summary since this turn."
 NOTE_CHANGED = "Changed since this turn (by a refinement, a pin or a forget)."
@@ -71,7 +75,7 @@ def _summary_candidates(record: dict, state: ThreadState) -> list[str]:
 
 
 def _recalled(record: dict, entry: dict, held: list[str], query: str | None, state: ThreadState,
-              archive: ArchiveIndex | None, counter) -> tuple[str | None, str]:
+              archive: ArchiveIndex | None, counter: TokenCounter | None) -> tuple[str | None, str]:
     """The recall message rebuilt from its archived turns, or ``(None, note)``."""
     turns = [n for n in record.get("recallTurns") or [] if isinstance(n, int) and not isinstance(n, bool)]
     listed = ", ".join(str(n) for n in turns) or "?"
@@ -91,7 +95,7 @@ def _recalled(record: dict, entry: dict, held: list[str], query: str | None, sta
 
 
 def resolve_prompt(record: dict, state: ThreadState, system_prompt: str, archive: ArchiveIndex | None = None,
-                   counter=None, shown: Callable[[str], str] | None = None) -> list[dict]:
+                   counter: TokenCounter | None = None, shown: Callable[[str], str] | None = None) -> list[dict]:
     """The prompt of ``record`` as ``[{"origin", "role", "tokens", "text": str|None, "note"?}]``.
 
     Args:

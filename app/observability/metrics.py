@@ -37,12 +37,17 @@ import math
 import os
 import re
 import threading
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
 
 import redis
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 
 from app.store.keys import WORKER_METRICS_KEY
+
+if TYPE_CHECKING:
+    from app.store.redis_client import StoreClient
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +83,7 @@ FEEDBACK_REASONS = ("forgot", "incorrect", "not_helpful")
 _CATEGORY_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 
 
-def category(value, default: str = "other") -> str:
+def category(value: object, default: str = "other") -> str:
     """A bounded label value: lowercase ``[a-z0-9_]`` up to 32 characters, else ``default``."""
     if isinstance(value, str):
         value = value.strip().lower().replace("-", "_").replace(" ", "_")
@@ -155,7 +160,7 @@ _pending: dict[str, float] = {}
 _pending_lock = threading.Lock()
 
 
-def use_worker_sink(client) -> None:
+def use_worker_sink(client: StoreClient | None) -> None:
     """Send this process's store errors to Redis (a Celery worker, whose own registry nobody scrapes).
 
     Args:
@@ -164,7 +169,7 @@ def use_worker_sink(client) -> None:
     _worker["client"] = client
 
 
-def _hincr(client, fields: dict[str, int | float]) -> bool:
+def _hincr(client: StoreClient, fields: dict[str, int | float]) -> bool:
     """Add ``fields`` (and anything kept from an earlier outage) to the worker hash; False on failure.
 
     ``int`` amounts are counts (HINCRBY), ``float`` amounts are sums (HINCRBYFLOAT).
@@ -215,7 +220,7 @@ def _bucket_for(value: float, buckets: tuple) -> str:
     return "+Inf"
 
 
-def observe_compaction(client, record: dict) -> bool:
+def observe_compaction(client: StoreClient, record: dict) -> bool:
     """Count one compaction from its history record (call it where the history is written).
 
     Args:
@@ -262,7 +267,7 @@ def _connect_worker_signal() -> None:
         return
 
     @worker_init.connect(weak=False)
-    def _on_worker_init(sender=None, **_kwargs):
+    def _on_worker_init(sender: object = None, **_kwargs: object) -> None:
         if type(sender).__name__ == "TestWorkController" or not _worker.get("url"):
             return
         try:
@@ -294,7 +299,7 @@ def _cumulative(counts: dict[str, float], buckets: tuple) -> tuple[list[tuple[st
 class WorkerMetricsCollector:
     """Exposes what Celery workers added to the Redis hash (see ``observe_compaction``)."""
 
-    def __init__(self, client):
+    def __init__(self, client: StoreClient) -> None:
         self.client = client
 
     def read(self) -> dict[str, float]:
@@ -313,7 +318,7 @@ class WorkerMetricsCollector:
                 continue
         return out
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         """Yield the compaction families (always present, possibly without samples)."""
         data = self.read()
         compactions = CounterMetricFamily("chat_compactions", "Compactions by outcome (from the workers).",
@@ -354,17 +359,17 @@ class WorkerMetricsCollector:
 class _ScrapeCollector:
     """This process (or all gunicorn processes) plus the workers' Redis counters, as one exposition."""
 
-    def __init__(self, worker: WorkerMetricsCollector):
+    def __init__(self, worker: WorkerMetricsCollector) -> None:
         self.worker = worker
 
-    def _local(self):
+    def _local(self) -> Iterable[Metric]:
         path = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
         if path and os.path.isdir(path):
             from prometheus_client import multiprocess
             return multiprocess.MultiProcessCollector(None, path=path).collect()
         return REGISTRY.collect()
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         worker_errors = self.worker.store_errors()
         seen_store_errors = False
         for family in self._local():
@@ -383,7 +388,7 @@ class _ScrapeCollector:
         yield from self.worker.collect()
 
 
-def render_metrics(redis_client) -> bytes:
+def render_metrics(redis_client: StoreClient) -> bytes:
     """The Prometheus text exposition of every metric above."""
     worker = WorkerMetricsCollector(redis_client)
     registry = CollectorRegistry(auto_describe=False)

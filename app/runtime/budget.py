@@ -8,8 +8,12 @@ left, so long tool results and run notes are cut to the room there is.
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 from app.memory.text import clip_to_tokens
+
+if TYPE_CHECKING:
+    from app.memory.tokens import TokenCounter
 
 TRUNCATED = "\n[cut to fit the model's context]"
 
@@ -23,7 +27,7 @@ class Room:
         used: tokens already used (``AssembledContext.prompt_tokens``).
     """
 
-    def __init__(self, counter, budget: int, used: int):
+    def __init__(self, counter: TokenCounter, budget: int, used: int) -> None:
         self.counter = counter
         self.budget = budget
         self.used = used
@@ -33,7 +37,7 @@ class Room:
         """Tokens still free (never negative)."""
         return max(0, self.budget - self.used)
 
-    def cost(self, value) -> int:
+    def cost(self, value: object) -> int:
         """Tokens of a text, or of a JSON value (dumped compactly)."""
         text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, separators=(",", ":"))
         return self.counter.count(text)

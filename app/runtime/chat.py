@@ -11,6 +11,7 @@ tools and the task list's final answer all stream through it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from app.memory.context import PROMPT_MARKUP
 from app.memory.status import TurnStatus
@@ -89,7 +90,7 @@ class TagStrip:
 
 
 def stream_reply(io: TurnIO, messages: list[dict], *, new_paragraph: bool = False, deadline: float | None = None,
-                 **extra) -> StreamedReply:
+                 **extra: Any) -> StreamedReply:
     """Stream the model's answer to ``messages`` through ``io.delta``.
 
     Args:

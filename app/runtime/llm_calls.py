@@ -21,11 +21,12 @@ from app.llm.structured import invalid_answer
 
 if TYPE_CHECKING:  # the layer above, for types only (docs/architecture.md)
     from app.extensions import Services
+    from app.settings import Settings
 
 M = TypeVar("M", bound=BaseModel)
 
 
-def call_deadline(settings) -> float:
+def call_deadline(settings: Settings) -> float:
     """``time.monotonic()`` by which one runtime model call must have answered."""
     return time.monotonic() + settings.llm_turn_timeout
 

@@ -29,6 +29,7 @@ from app.runtime.tool_chat import ToolChatProducer
 
 if TYPE_CHECKING:  # the layer above, for types only (docs/architecture.md)
     from app.extensions import Services
+    from app.runtime.producer import Producer
 
 _COMMAND = re.compile(r"^/(tasklist|delivery)(?:\s+(.*))?$", re.S | re.I)
 RESUME_ARGS = frozenset({"continue", "confirm", "yes", "go", "resume"})
@@ -55,7 +56,7 @@ def is_confirmation(text: str) -> bool:
     return _word(text) in CONFIRM_WORDS
 
 
-def choose_producer(services: Services, thread_id: str, text: str):
+def choose_producer(services: Services, thread_id: str, text: str) -> Producer:
     """The producer for the person's message ``text`` (see the module docstring).
 
     Raises:

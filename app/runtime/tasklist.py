@@ -65,21 +65,21 @@ class PlannedTask(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _an_object(cls, value):
+    def _an_object(cls, value: object) -> dict:
         if not isinstance(value, dict):
             raise ValueError("every task needs a non-empty title")
         return value
 
     @field_validator("title", mode="before")
     @classmethod
-    def _title(cls, value):
+    def _title(cls, value: object) -> str:
         if not isinstance(value, str) or not value.strip():
             raise ValueError("every task needs a non-empty title")
         return " ".join(value.split())[:MAX_TITLE_CHARS]
 
     @field_validator("needs_confirmation", mode="before")
     @classmethod
-    def _boolean(cls, value):
+    def _boolean(cls, value: object) -> bool:
         if not isinstance(value, bool):
             raise ValueError("needsConfirmation must be true or false")
         return value
@@ -92,7 +92,7 @@ class TaskPlan(BaseModel):
 
     @field_validator("tasks", mode="before")
     @classmethod
-    def _count(cls, value):
+    def _count(cls, value: object) -> list:
         if not isinstance(value, list) or not value:
             raise ValueError("tasks must be a non-empty list")
         if len(value) > MAX_TASKS:

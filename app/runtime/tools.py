@@ -19,7 +19,7 @@ import operator
 from dataclasses import dataclass
 from functools import lru_cache
 from datetime import datetime
-from typing import Any, Callable
+from typing import Any, Callable, cast
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from app.runtime.resources import ResourceError, list_resources, read_resource
@@ -45,7 +45,7 @@ _BINARY: dict[type, Callable[[Any, Any], Any]] = {
 _UNARY: dict[type, Callable[[Any], Any]] = {ast.UAdd: operator.pos, ast.USub: operator.neg}
 
 
-def _check_size(value):
+def _check_size(value: int | float) -> int | float:
     if isinstance(value, int) and value and math.log10(abs(value)) >= MAX_INT_DIGITS:
         raise CalculatorError("the result is too large")
     if isinstance(value, float) and not math.isfinite(value):
@@ -53,7 +53,7 @@ def _check_size(value):
     return value
 
 
-def _power(base, exponent):
+def _power(base: int | float, exponent: int | float) -> int | float:
     if isinstance(base, int) and isinstance(exponent, int) and exponent > 0 and abs(base) > 1:
         if exponent * math.log2(abs(base)) > MAX_POW_RESULT_BITS:
             raise CalculatorError("the power is too large")
@@ -70,11 +70,11 @@ def _power(base, exponent):
     return result
 
 
-def _evaluate(node: ast.AST):
+def _evaluate(node: ast.AST) -> int | float:
     if isinstance(node, ast.Expression):
         return _evaluate(node.body)
     if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-        return _check_size(node.value)
+        return _check_size(cast("int | float", node.value))  # the type check above (mypy cannot narrow by it)
     if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
         return _check_size(_UNARY[type(node.op)](_evaluate(node.operand)))
     if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:

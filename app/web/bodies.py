@@ -11,6 +11,7 @@ The fields and the loader are shared with the websocket's frames (``app.chat.cli
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Any
 
 from flask import request
 from marshmallow import Schema, fields, post_load, pre_load, validates
@@ -41,19 +42,19 @@ class PinBody(ClientSchema):
     text = client_text(Refusal("bad_request", "The pin text must be a string."), storable)
     messageId = message_id(BAD_MESSAGE_ID)
 
-    def __init__(self, *, pinned_max_chars: int, **kwargs):
+    def __init__(self, *, pinned_max_chars: int, **kwargs: Any) -> None:
         self.pinned_max_chars = pinned_max_chars
         super().__init__(**kwargs)
 
     @pre_load
-    def _one_of(self, data: dict, **kwargs) -> dict:
+    def _one_of(self, data: dict, **kwargs: Any) -> dict:
         present = {key: value for key, value in data.items() if value is not None}
         if ("text" in present) == ("messageId" in present):
             raise refuse(Refusal("bad_request", 'Send either "text" or "messageId".'))
         return present
 
     @validates("text")
-    def _pinnable(self, text: str, **kwargs) -> None:
+    def _pinnable(self, text: str, **kwargs: Any) -> None:
         text = clean_pin_text(text)
         if is_blank(text):
             raise refuse(Refusal("empty_pin", "Type the decision to pin first."))
@@ -62,7 +63,7 @@ class PinBody(ClientSchema):
                                                  f"(this one has {len(text)})."))
 
     @post_load
-    def _cleaned(self, data: dict, **kwargs) -> dict:
+    def _cleaned(self, data: dict, **kwargs: Any) -> dict:
         return {**data, "text": clean_pin_text(data["text"])} if "text" in data else data
 
 
@@ -82,7 +83,7 @@ class FeedbackBody(ClientSchema):
                          load_default=None, allow_none=True)
 
     @post_load
-    def _trimmed(self, data: dict, **kwargs) -> dict:
+    def _trimmed(self, data: dict, **kwargs: Any) -> dict:
         return {**data, "reason": (data["reason"] or "").strip() or None}
 
 
@@ -90,7 +91,7 @@ BAD_PHRASE = Refusal("bad_request", f"Type a phrase of 1 to {PHRASE_MAX_CHARS} c
 MAX_TURN_NUMBER = 999_999
 
 
-def _phrase_field(**kwargs) -> fields.String:
+def _phrase_field(**kwargs: Any) -> fields.String:
     """A forget phrase: a string, not blank (``is_blank``: NUL and zero-width characters alone are blank), at
     most ``PHRASE_MAX_CHARS`` characters once trimmed, storable."""
     return client_text(BAD_PHRASE, check(lambda p: not is_blank(p) and len(p.strip()) <= PHRASE_MAX_CHARS, BAD_PHRASE),
@@ -103,7 +104,7 @@ class PhraseQuery(ClientSchema):
     phrase = _phrase_field(required=True)
 
     @post_load
-    def _trimmed(self, data: dict, **kwargs) -> dict:
+    def _trimmed(self, data: dict, **kwargs: Any) -> dict:
         return {"phrase": data["phrase"].strip()}
 
 
@@ -116,17 +117,17 @@ class ForgetBody(ClientSchema):
                         required=True, error_messages=refused_as(Refusal("bad_request", "Send the turns as a list.")))
     phrase = _phrase_field(load_default=None, allow_none=True)
 
-    def __init__(self, *, max_turns: int, hint: str, **kwargs):
+    def __init__(self, *, max_turns: int, hint: str, **kwargs: Any) -> None:
         self.max_turns, self.hint = max_turns, hint
         super().__init__(**kwargs)
 
     @validates("turns")
-    def _how_many(self, turns: list, **kwargs) -> None:
+    def _how_many(self, turns: list, **kwargs: Any) -> None:
         if not 1 <= len(turns) <= self.max_turns:
             raise refuse(Refusal("bad_request", self.hint))
 
     @post_load
-    def _cleaned(self, data: dict, **kwargs) -> dict:
+    def _cleaned(self, data: dict, **kwargs: Any) -> dict:
         phrase = data.get("phrase")
         return {"turns": sorted(set(data["turns"])), "phrase": phrase.strip() if phrase is not None else None}
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 
-from flask import Flask, request
+from flask import Flask, Response, request
 from werkzeug.middleware.proxy_fix import ProxyFix
 
 from app.extensions import services
@@ -65,7 +65,7 @@ def _over(kind: str, who: str, limit: str) -> bool:
         return False
 
 
-def refuse_untrusted_host():
+def refuse_untrusted_host() -> Response | None:
     """400 ``untrusted_host`` when the ``Host`` header names no trusted host; else None."""
     if services().settings.host_allowed(request.host):
         return None
@@ -74,7 +74,7 @@ def refuse_untrusted_host():
     return error_response(400, *UNTRUSTED_HOST)
 
 
-def refuse_cookieless_upgrade():
+def refuse_cookieless_upgrade() -> Response | None:
     """403 ``no_session`` for a websocket upgrade without a valid session cookie; else None."""
     if request.path != WEBSOCKET_PATH or has_session():
         return None
@@ -83,7 +83,7 @@ def refuse_cookieless_upgrade():
     return error_response(403, *NO_SESSION)
 
 
-def limit_api_writes():
+def limit_api_writes() -> Response | None:
     """429 ``rate_limited`` (with ``Retry-After``) beyond ``API_WRITES_PER_MINUTE`` writes of this address."""
     most = services().settings.client_quotas.api_writes_per_minute
     if request.method in SAFE_METHODS or not most:

@@ -26,7 +26,7 @@ bp = Blueprint("web", __name__, static_folder="static", template_folder="templat
 
 
 @bp.get("/")
-def index():
+def index() -> Response | str:
     """The chat page; 429 in plain text (what happened, for a person) when no new session may start."""
     try:
         current_thread_id()  # start the session before the websocket opens
@@ -44,7 +44,7 @@ def index():
 
 
 @bp.get("/api/chat/thread")
-def get_thread():
+def get_thread() -> tuple[Response, int]:
     """Hydration: the thread as the browser may see it (docs/contract.md: HTTP; an empty thread when the store fails)."""
     thread_id = current_thread_id()
     try:
@@ -61,7 +61,7 @@ def get_thread():
 
 
 @bp.delete("/api/chat/thread")
-def delete_thread():
+def delete_thread() -> Response | tuple[str, int]:
     """Empty the thread (a compaction in flight cannot bring anything back) and drop a waiting task list.
 
     204 even on a corrupt thread (it is replaced by an empty one); 202 ``outcome: unknown`` when its reply was
@@ -110,7 +110,7 @@ def store_health() -> str:
 
 
 @bp.get("/healthz")
-def healthz():
+def healthz() -> Response | tuple[Response, int]:
     """200 ``{"status": "ok", "store": "up", "model": "up"}``; 503 ``{"status": "degraded", ...}`` when the store
     is ``down`` or ``degraded`` (refusing writes; ``store_health``) or the chat model endpoint is down (the
     model probe is ``app.llm.health``)."""

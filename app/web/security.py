@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from urllib.parse import urlparse
 
-from flask import abort, request
+from flask import Response, abort, request
 
 from app.chat.ws import bp as chat_bp
 from app.extensions import services
@@ -66,7 +66,7 @@ def referer_origin(referer: str | None) -> str | None:
 
 
 @web_bp.before_app_request
-def refuse_cross_site_writes():
+def refuse_cross_site_writes() -> Response | None:
     """403 ``forbidden`` for a state-changing request from a page of another origin; else None.
 
     Judged by ``Origin``; without it by ``Referer`` (an unparseable one counts as foreign);

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 import redis
-from flask import Blueprint
+from flask import Blueprint, Response
 
 from app.extensions import services
 from app.identity import current_thread_id
@@ -20,7 +20,7 @@ bp = Blueprint("feedback", __name__)
 
 
 @bp.post("/api/chat/feedback")
-def post_feedback():
+def post_feedback() -> Response | tuple[Response, int]:
     """Rate an assistant message of the caller's thread (in memory, or written by a finished turn)."""
     body = load_body(FEEDBACK_BODY, 'Send a JSON object with "messageId" and "rating".')
     message_id, rating, reason = body["messageId"], body["rating"], body["reason"]

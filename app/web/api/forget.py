@@ -23,17 +23,19 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 import redis
 
-from flask import Blueprint, request
+from flask import Blueprint, Response, request
 
 from app.chat.events import forget_frame
 from app.extensions import services
 from app.identity import current_thread_id
 from app.chat.turn import off_the_event_loop
-from app.memory.forget import Quoting, contains_phrase, plan_forget
-from app.memory.state import utc_now_iso
+from app.memory.forget import ForgetPlan, Quoting, contains_phrase, plan_forget
+from app.memory.state import ThreadState, utc_now_iso
 from app.observability import accounting
 from app.store.compaction_history import HISTORY_MAX, forget_entry
 from app.store.keys import ThreadKeys
@@ -41,6 +43,9 @@ from app.store.errors import CorruptState, OutcomeUnknown, StoreUnavailable
 from app.web.api.pins import ITEM_NUMBER_RE
 from app.web.bodies import BAD_PHRASE, PHRASE_QUERY, forget_body, load_body, load_query
 from app.web.responses import MEMORY_UNREADABLE, STORE_UNAVAILABLE, ApiError, UnknownOutcome, guarded_json
+
+if TYPE_CHECKING:
+    from app.memory.recall import ArchivedTurn, ArchiveIndex
 
 log = logging.getLogger(__name__)
 bp = Blueprint("forget", __name__)
@@ -52,10 +57,13 @@ POST_MAX_TURNS = 50
 """Most turns one ``POST /api/chat/forget`` forgets."""
 NOT_FOUND = ("not_found", "This conversation has no such turn.")
 
+P = ParamSpec("P")
+R = TypeVar("R")
 
-def _store_errors(fn):
+
+def _store_errors(fn: Callable[P, R]) -> Callable[P, R]:
     """Turn store failures into the contract's answers (409 ``memory_unreadable``, 503 ``store_unavailable``)."""
-    def wrapper(*args, **kwargs):
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return fn(*args, **kwargs)
         except CorruptState:
@@ -71,13 +79,13 @@ def _store_errors(fn):
     return wrapper
 
 
-def _turns_so_far(state) -> int:
+def _turns_so_far(state: ThreadState) -> int:
     """Person turns the thread has had: folded, recent and forgotten ones."""
     numbers = state.turn_numbers()
     return max(numbers[-1] if numbers else 0, state.folded_turns, max(state.forgotten_turns, default=0))
 
 
-def _turn_number(n: str, state) -> int:
+def _turn_number(n: str, state: ThreadState) -> int:
     """The path's turn number when the thread had that turn.
 
     Raises:
@@ -88,7 +96,7 @@ def _turn_number(n: str, state) -> int:
     return int(n)
 
 
-def _where(state, turn: int, archived) -> tuple[str, str | None, list[dict]]:
+def _where(state: ThreadState, turn: int, archived: ArchivedTurn | None) -> tuple[str, str | None, list[dict]]:
     """``(where, reason, messages)`` of turn ``turn`` (docs/contract.md: GET /api/chat/turns/<n>)."""
     from app.memory.forget import recent_turn
 
@@ -104,7 +112,7 @@ def _where(state, turn: int, archived) -> tuple[str, str | None, list[dict]]:
 
 @bp.get("/api/chat/turns/<n>")
 @_store_errors
-def get_turn(n: str):
+def get_turn(n: str) -> tuple[Response, int]:
     """Turn ``n`` as stored: 200 ``{"turn", "where", "reason", "messages"}``; 404 ``not_found``."""
     svc, thread_id = services(), current_thread_id()
     state = svc.store.load(thread_id)
@@ -118,7 +126,8 @@ def _entry(turn: int, *, recent: bool = False, archive: bool = False, record_lin
     return {"turn": turn, "recent": recent, "archive": archive, "recordLines": record_lines, "notes": notes}
 
 
-def _plan(state, index, turns: frozenset[int], phrase: str | None):
+def _plan(state: ThreadState, index: ArchiveIndex, turns: frozenset[int],
+          phrase: str | None) -> tuple[ForgetPlan, list[str], list[str], set[int]]:
     """``(plan, forgotten texts, every message id of the turns, archived numbers among turns)``: CPU only, no store
     call (run off the event loop).  Linear in what memory keeps, once: the archive's turns are compared by the
     index's term counts (already tokenised), only the recent turns' texts are tokenised."""
@@ -228,7 +237,7 @@ def _tell_every_tab(thread_id: str, turns: list[int], message_ids: list[str]) ->
 
 @bp.delete("/api/chat/turns/<n>")
 @_store_errors
-def delete_turn(n: str):
+def delete_turn(n: str) -> tuple[Response, int]:
     """Forget turn ``n``: 200 ``{"forgotten": {...}, "pinsQuoting": [int]}``; 404 ``not_found``; 409 ``conflict``."""
     if not ITEM_NUMBER_RE.fullmatch(n):
         raise ApiError(404, *NOT_FOUND)
@@ -238,7 +247,7 @@ def delete_turn(n: str):
 
 @bp.get("/api/chat/forget")
 @_store_errors
-def preview_forget():
+def preview_forget() -> tuple[Response, int]:
     """Every memory item holding the phrase: 200 ``{"phrase", "items": [{"place", "turn", "text"}]}``; 400."""
     phrase = load_query(PHRASE_QUERY, {"phrase": request.args.get("phrase")}, BAD_PHRASE.message)["phrase"]
     svc, thread_id = services(), current_thread_id()
@@ -276,7 +285,7 @@ def _forget_body() -> tuple[str | None, list[int]]:
 
 @bp.post("/api/chat/forget")
 @_store_errors
-def forget_by_phrase():
+def forget_by_phrase() -> tuple[Response, int]:
     """Forget the chosen turns: 200 ``{"forgotten": [{...}], "pinsQuoting": [int]}``; 400; 404 ``not_found``
     (nothing forgotten when any listed turn is not the thread's)."""
     phrase, turns = _forget_body()
@@ -286,7 +295,7 @@ def forget_by_phrase():
 
 @bp.get("/api/chat/forget/status")
 @_store_errors
-def forget_status():
+def forget_status() -> tuple[Response, int]:
     """The session's forget job running now: 200 ``{"running": bool, "turns": [int], "startedAt": ms or null}``."""
     try:
         raw = services().store.redis.get(ThreadKeys(current_thread_id()).forgetting)
@@ -302,7 +311,7 @@ def forget_status():
 
 @bp.get("/api/chat/export")
 @_store_errors
-def export_thread():
+def export_thread() -> tuple[Response, int]:
     """Everything the thread holds, as a JSON download (docs/contract.md: GET /api/chat/export)."""
     svc, thread_id = services(), current_thread_id()
     state = svc.store.load(thread_id)

@@ -8,6 +8,7 @@ $METRICS_TOKEN`` (404 when no token is configured, 401 with a
 from __future__ import annotations
 
 import hmac
+from typing import TYPE_CHECKING
 
 from flask import Blueprint, Response, request
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -16,11 +17,14 @@ from app.extensions import services
 from app.observability import metrics
 from app.web.responses import error_response
 
+if TYPE_CHECKING:
+    from flask.blueprints import BlueprintSetupState
+
 bp = Blueprint("metrics", __name__)
 
 
 @bp.record_once
-def _on_register(state) -> None:
+def _on_register(state: BlueprintSetupState) -> None:
     settings = state.app.extensions["chat"].settings
     metrics.remember_redis_url(settings.redis_url, settings.redis_cluster)
 
@@ -42,7 +46,7 @@ def _refusal() -> Response | None:
 
 
 @bp.get("/metrics")
-def get_metrics():
+def get_metrics() -> Response:
     """Prometheus text (``CONTENT_TYPE_LATEST``), never cached."""
     refusal = _refusal()
     if refusal is not None:

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import TypeVar
 
-from flask import Blueprint
+from flask import Blueprint, Response
 
 from app.chat.client_input import without_format_characters
 from app.extensions import services
@@ -38,6 +39,8 @@ bp = Blueprint("pins", __name__)
 PIN_WRITE_ATTEMPTS = 5
 # A path's item number: ASCII decimal digits, at most 6 of them (any other segment is 404).
 ITEM_NUMBER_RE = re.compile(r"[0-9]{1,6}")
+
+T = TypeVar("T")
 
 
 def pin_key(text: str) -> str:
@@ -82,7 +85,7 @@ def _pins_with(state: ThreadState, text: str, limits: MemoryLimits) -> list[Pin]
     return pins
 
 
-def _without(items, n: str, what: str) -> list:
+def _without(items: Iterable[T], n: str, what: str) -> list[T]:
     """``items`` without its ``n``-th (1-based, as in the URL).
 
     Raises:
@@ -171,7 +174,7 @@ def _pins_max_tokens() -> int:
 
 
 @bp.post("/api/chat/pins")
-def add_pin():
+def add_pin() -> tuple[Response, int]:
     """Pin a decision by the person: typed text, or a stored message's text.  201 ``{"pinnedDecisions"}``."""
     svc = services()
     limits = svc.settings.limits
@@ -186,14 +189,14 @@ def add_pin():
 
 
 @bp.delete("/api/chat/pins/<n>")
-def delete_pin(n: str):
+def delete_pin(n: str) -> tuple[Response, int]:
     """Unpin the ``n``-th pinned decision (1-based).  200 ``{"pinnedDecisions"}``."""
     state = _change("unpin", lambda state: (_without(state.pins, n, "pin"), None))
     return guarded_json({"pinnedDecisions": state.pinned_decisions}, 200)
 
 
 @bp.post("/api/chat/notes/<n>/pin")
-def promote_note(n: str):
+def promote_note(n: str) -> tuple[Response, int]:
     """Make the ``n``-th model note (1-based) the person's pinned decision; the note leaves the notes.
 
     201 ``{"pinnedDecisions": [str], "modelNotes": [str]}``; 404 ``note_not_found``, 409 ``pin_limit``.
@@ -205,7 +208,7 @@ def promote_note(n: str):
 
 
 @bp.delete("/api/chat/notes/<n>")
-def delete_note(n: str):
+def delete_note(n: str) -> tuple[Response, int]:
     """Remove the ``n``-th model note (1-based).  200 ``{"pinnedDecisions": [str], "modelNotes": [str]}``; 404."""
     state = _change("remove_note", lambda state: (list(state.pins), _without(state.notes, n, "note")))
     return guarded_json({"pinnedDecisions": state.pinned_decisions, "modelNotes": list(state.notes)}, 200)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 import redis
-from flask import Blueprint
+from flask import Blueprint, Response
 
 from app.extensions import services
 from app.identity import current_thread_id
@@ -20,7 +20,7 @@ bp = Blueprint("stats", __name__)
 
 
 @bp.get("/api/chat/stats")
-def get_stats():
+def get_stats() -> Response | tuple[Response, int]:
     """Token accounting (per turn, oldest first) and compaction history of the caller's thread."""
     thread_id = current_thread_id()
     svc = services()
@@ -42,7 +42,7 @@ def get_stats():
 
 
 @bp.get("/api/chat/inspector")
-def get_inspector():
+def get_inspector() -> Response | tuple[Response, int]:
     """The last turn's prompt, message by message, with the texts of the caller's own thread."""
     thread_id = current_thread_id()
     svc = services()
