@@ -35,8 +35,8 @@ log = logging.getLogger(__name__)
 DEPRECATED_TURN_TIMEOUT = "LLM_TURN_TIMEOUT_SECONDS"
 """Read as ``LLM_FIRST_TOKEN_TIMEOUT_SECONDS`` (with a logged warning) when that one is not set."""
 
-__all__ = ["ConfigError", "DEV_REDIS_URL", "LIMIT_VARIABLES", "LOCAL_DIR", "MemoryLimits", "ROOT", "Settings",
-           "dev_secret_key", "mask_url"]
+__all__ = ["DOCUMENTED", "GROUPS", "ConfigError", "DEV_REDIS_URL", "Documented", "LIMIT_VARIABLES", "LOCAL_DIR",
+           "MemoryLimits", "ROOT", "Settings", "dev_secret_key", "mask_url"]
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCAL_DIR = ROOT / ".local"
@@ -658,3 +658,166 @@ def _require_production_variables(settings: Settings) -> None:
         # No model process runs in production: without a provider every turn would fail.
         raise ConfigError("OPENAI_API_KEY is not set: set OPENAI_API_KEY (and OPENAI_BASE_URL for a "
                           "provider other than OpenAI) in production")
+
+
+# -- How a deployer reads the variables (docs/settings.md and .env.example, written by scripts/settings_doc.py) ----
+
+GROUPS = ("web", "store", "model", "compaction", "budgets")
+"""The groups of ``Settings``' variables, in the order docs/settings.md shows them (the local stack's variables,
+read by scripts/ only, come after them: ``scripts/settings_doc.py``)."""
+
+
+@dataclass(frozen=True)
+class Documented:
+    """How docs/settings.md and .env.example describe one variable of ``Settings``.
+
+    Attributes:
+        group: one of ``GROUPS``.
+        meaning: one line (docs/contract.md: Configuration has the whole text).
+        unit: the value's unit (``s``, ``ms``, ``tokens``, ``chars``, ``bytes``, ...; empty: none).
+        default: the default in words, for a variable whose field default stands for a rule (``None``, ``0``:
+            derived from another setting or from ``APP_ENV``); ``None``: the field's own default.
+    """
+
+    group: str
+    meaning: str
+    unit: str = ""
+    default: str | None = None
+
+
+_PRODUCTION_QUOTA = "production {}, elsewhere 0 (no limit)"
+
+DOCUMENTED: dict[str, Documented] = {
+    # web
+    "APP_ENV": Documented("web", "production requires a store, a secret and a model provider"),
+    "SECRET_KEY": Documented("web", "signs the session cookie and keys the thread ids; at least 32 characters in "
+                                    "production", default="development: generated once into .local/secret_key"),
+    "PORT": Documented("web", "the web's port (the platform sets it)", "port"),
+    "WEB_THREADS": Documented("web", "connections (threads or greenlets) each web process serves", "connections"),
+    "ALLOWED_ORIGINS": Documented("web", "websocket Origin allow-list, comma-separated",
+                                  default="the app's own origin"),
+    "TRUSTED_PROXIES": Documented("web", "proxies in front of the web whose X-Forwarded-For entry is trusted",
+                                  default="production 1, elsewhere 0"),
+    "TRUSTED_HOSTS": Documented("web", "host names a request's Host may name, comma-separated (.example.com: and "
+                                       "its subdomains)",
+                                default="production: the hosts of ALLOWED_ORIGINS; elsewhere loopback names"),
+    "MAX_INPUT_CHARS": Documented("web", "longest accepted person message", "chars"),
+    "WS_IDLE_TIMEOUT_SECONDS": Documented("web", "a websocket silent this long with no turn in flight is closed "
+                                                 "(4408)", "s"),
+    "WS_MAX_PER_SESSION": Documented("web", "open websockets of one session over every web process (4429 beyond)",
+                                     "sockets"),
+    "WS_MAX_PER_WORKER": Documented("web", "open websockets per web process (1013 beyond); below WEB_THREADS",
+                                    "sockets", default="WEB_THREADS minus a quarter of it (64: 48)"),
+    "WS_SEND_TIMEOUT_SECONDS": Documented("web", "a frame not written to its socket within this time drops the "
+                                                 "connection", "s"),
+    "WS_SEND_QUEUE_BYTES": Documented("web", "frames waiting to go out on one socket; past it the socket is closed",
+                                      "bytes"),
+    "STREAM_FLUSH_INTERVAL_SECONDS": Documented("web", "least time between two delta frames of one answer (0: one "
+                                                       "frame per read)", "s"),
+    "HEALTH_WRITE_PROBE_SECONDS": Documented("web", "how long /healthz reuses its last store write probe (0: probe "
+                                                    "every time)", "s"),
+    "METRICS_TOKEN": Documented("web", "bearer token /metrics asks for in production (unset: 404 there)"),
+    "FLOWER_BASIC_AUTH": Documented("web", "user:password of Flower; Flower refuses to start without it outside "
+                                           "development"),
+    "MEMORY_DEBUG_LOG_CONTENT": Documented("web", "log message texts at debug level"),
+    # store
+    "REDIS_URL": Documented("store", "the store: threads, pub/sub, and the Celery broker unless CELERY_BROKER_URL",
+                            default="redis://127.0.0.1:6380/0 (the embedded store of make run)"),
+    "REDIS_TLS_URL": Documented("store", "the store over TLS (rediss://); wins over REDIS_URL when set",
+                                default="unset"),
+    "REDIS_CLUSTER": Documented("store", "REDIS_URL names a seed node of a Redis Cluster (7+, database 0)"),
+    "CELERY_BROKER_URL": Documented("store", "Celery broker: redis://, rediss://, amqp:// or amqps://",
+                                    default="the store's URL (required with REDIS_CLUSTER)"),
+    "REDIS_SOCKET_TIMEOUT_SECONDS": Documented("store", "the longest one store command may take", "s"),
+    "MEMORY_WAIT_REPLICAS": Documented("store", "replicas each memory write waits for (WAIT)", "replicas"),
+    "MEMORY_WAIT_TIMEOUT_MS": Documented("store", "the longest that wait; shorter than the socket timeout", "ms"),
+    "MEMORY_TTL_SECONDS": Documented("store", "sliding expiry of a thread's keys, refreshed by every write", "s"),
+    "MEMORY_RECENT_TURNS": Documented("store", "whole person+assistant turns kept verbatim", "turns"),
+    "MEMORY_SUMMARY_MAX_CHARS": Documented("store", "longest record of the folded turns, as rendered", "chars"),
+    "MEMORY_PINNED_MAX": Documented("store", "most pinned decisions of one thread", "pins"),
+    "MEMORY_PINNED_MAX_CHARS": Documented("store", "longest pinned decision", "chars"),
+    "DELIVERY_FINAL_MAX_CHARS": Documented("store", "longest final workflow report kept in memory", "chars"),
+    "MEMORY_ARCHIVE_MAX_TURNS": Documented("store", "most folded turns a thread's archive keeps (oldest out)",
+                                           "turns"),
+    "MEMORY_ARCHIVE_MAX_BYTES": Documented("store", "most bytes a thread's archive keeps (oldest out; the newest "
+                                                    "folded turn stays)", "bytes"),
+    "TOKEN_CACHE_MAX_BYTES": Documented("store", "each process's cache of token counts (0: keeps nothing)", "bytes"),
+    "ARCHIVE_CACHE_MAX_BYTES": Documented("store", "each web process's cache of tokenised archives for recall (0: "
+                                                   "keeps nothing)", "bytes"),
+    # model
+    "OPENAI_API_KEY": Documented("model", "the provider's key", default="unset: the bundled model (make run)"),
+    "OPENAI_BASE_URL": Documented("model", "any OpenAI-compatible endpoint (OpenAI, DeepSeek, Ollama, vLLM, "
+                                           "llama.cpp)", default="unset: the bundled model (make run)"),
+    "COMPACTION_BASE_URL": Documented("model", "where compaction calls go", default="OPENAI_BASE_URL"),
+    "CHAT_MODEL": Documented("model", "the chat model's name"),
+    "COMPACTION_MODEL": Documented("model", "the compaction model's name", default="CHAT_MODEL"),
+    "TOKENIZER_ENCODING": Documented("model", "tiktoken encoding that counts prompt tokens",
+                                     default="chosen from the model's name"),
+    "BUNDLED_MODEL": Documented("model", "the provider is the bundled llama.cpp model (make run sets it)"),
+    "MODEL_CONTEXT_TOKENS": Documented("model", "the model's window; a prompt plus RESERVED_OUTPUT_TOKENS fits in it",
+                                       "tokens"),
+    "RESERVED_OUTPUT_TOKENS": Documented("model", "tokens of the window kept for the answer", "tokens"),
+    "ANSWER_MAX_TOKENS": Documented("model", "most tokens one answer may take (max_tokens); at most "
+                                             "RESERVED_OUTPUT_TOKENS", "tokens",
+                                    default="auto: 224 with the bundled model, else RESERVED_OUTPUT_TOKENS"),
+    "MEMORY_PROMPT_ANSWER_MAX_TOKENS": Documented("model", "most tokens of each earlier answer a prompt shows (0: "
+                                                           "no limit)", "tokens",
+                                                  default="auto: 96 with the bundled model, else no limit"),
+    "LLM_CONNECT_TIMEOUT_SECONDS": Documented("model", "the longest a connection to the model may take", "s"),
+    "LLM_READ_TIMEOUT_SECONDS": Documented("model", "the longest wait for one read from the model", "s"),
+    "LLM_FIRST_TOKEN_TIMEOUT_SECONDS": Documented("model", "the longest a streamed answer may wait for its first "
+                                                           "text, retries included", "s"),
+    "LLM_TURN_TIMEOUT_SECONDS": Documented("model", "deprecated: read as LLM_FIRST_TOKEN_TIMEOUT_SECONDS when that "
+                                                    "one is unset", "s", default="unset"),
+    "LLM_TOKEN_GAP_TIMEOUT_SECONDS": Documented("model", "once text flows, the longest silence between two pieces "
+                                                         "of it", "s"),
+    "LLM_MAX_RETRIES": Documented("model", "retries of a model call before its first text", "retries"),
+    "PROMPT_WARMUP": Documented("model", "after a compaction, prefill the chat server's prompt cache (auto: on with "
+                                         "the bundled model)"),
+    "MEMORY_RECALL_SHARE": Documented("model", "share of the prompt budget recalled excerpts may use (0: no "
+                                               "recall)", "share"),
+    "MEMORY_RECALL_WHEN": Documented("model", "which messages recall: always, asks (questions and requests), auto "
+                                              "(asks with the bundled model)"),
+    "MEMORY_RECALL_MAX_TOKENS": Documented("model", "most prompt tokens recalled excerpts may take (0: no cap)",
+                                           "tokens", default="auto: 160 with the bundled model, else no cap"),
+    "MEMORY_PROMPT_FOLD_STEP": Documented("model", "folded turns enter the prompt's record this many at a time",
+                                          "turns", default="auto: 4 with the bundled model, else 1"),
+    "TOOLS_ENABLED": Documented("model", "offer the built-in tools to the chat model"),
+    # compaction
+    "MEMORY_COMPACT_BATCH_TURNS": Documented("compaction", "turns beyond the recent window that make a fold due",
+                                             "turns"),
+    "COMPACTION_STRATEGY": Documented("compaction", "llm: the model refines the record; extractive: no model call"),
+    "COMPACTION_TIME_LIMIT_SECONDS": Documented("compaction", "a compaction task's time limit", "s"),
+    "COMPACTION_LLM_TIMEOUT_SECONDS": Documented("compaction", "the longest one compaction model call may take", "s"),
+    "COMPACTION_MAX_RETRIES": Documented("compaction", "retries of a failed compaction model call", "retries"),
+    "COMPACTION_RETRY_BACKOFF_SECONDS": Documented("compaction", "the first retry's wait (doubled each time, with "
+                                                                 "jitter)", "s"),
+    "COMPACTION_QUEUED_TTL_SECONDS": Documented("compaction", "how long a requested compaction's marker outlives a "
+                                                              "task lost before it started", "s"),
+    "COMPACTION_VISIBILITY_TIMEOUT_SECONDS": Documented("compaction", "the broker's visibility timeout", "s",
+                                                        default="derived from the time limit and the retries"),
+    "COMPACTION_IDLE_SECONDS": Documented("compaction", "a refinement waits until the thread had no turn for this "
+                                                        "long", "s"),
+    "COMPACTION_REFINE_AFTER_FOLDS": Documented("compaction", "...or until this many folds went without one "
+                                                              "(ignored with the bundled model)", "folds"),
+    "COMPACTION_BLOCKED_SECONDS": Documented("compaction", "a thread whose fold cannot succeed is not asked again "
+                                                           "for this long", "s"),
+    # budgets
+    "CLIENT_IPV6_PREFIX": Documented("budgets", "leading bits of an IPv6 address that name one client", "bits"),
+    "WS_MAX_PER_CLIENT": Documented("budgets", "open websockets of one address over every web process (4429 "
+                                               "beyond)", "sockets", default=_PRODUCTION_QUOTA.format(16)),
+    "WS_NEW_PER_MINUTE": Documented("budgets", "new websockets of one address per minute (4430 beyond)",
+                                    "sockets/min", default=_PRODUCTION_QUOTA.format(30)),
+    "TURNS_PER_MINUTE_PER_SESSION": Documented("budgets", "turns one session may start per minute", "turns/min",
+                                               default=_PRODUCTION_QUOTA.format(12)),
+    "TURNS_PER_MINUTE_PER_CLIENT": Documented("budgets", "turns one address may start per minute", "turns/min",
+                                              default=_PRODUCTION_QUOTA.format(30)),
+    "SESSIONS_PER_HOUR_PER_CLIENT": Documented("budgets", "new sessions (cookies) handed to one address per hour",
+                                               "sessions/h", default=_PRODUCTION_QUOTA.format(60)),
+    "API_WRITES_PER_MINUTE": Documented("budgets", "state-changing HTTP requests of one address per minute",
+                                        "requests/min", default=_PRODUCTION_QUOTA.format(120)),
+    "STORE_FULL_FRACTION": Documented("budgets", "past this share of the store's maxmemory no new thread starts",
+                                      "share"),
+}
+"""Every variable ``Settings.from_env`` reads, with its group, unit and one-line meaning (tests/test_settings_doc.py
+checks that this and the fields name the same variables)."""

@@ -46,23 +46,21 @@ import random
 import re
 import socket
 import statistics
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
+import redis
+import requests
+import websocket
+
+from chat_support.fake_llm import FakeLLM, Reply, words
+from chat_support.config_env import SECRET, clean_env
+from chat_support.processes import descendants, start, stop_group
+from chat_support.servers import free_port, wait_http
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-import redis  # noqa: E402
-import requests  # noqa: E402
-import websocket  # noqa: E402
-
-from chat_support.fake_llm import FakeLLM, Reply, words  # noqa: E402
-from chat_support.config_env import SECRET, clean_env  # noqa: E402
-from chat_support.processes import descendants, start, stop_group  # noqa: E402
-from chat_support.servers import free_port, wait_http  # noqa: E402
 
 ATTACKS = ("hoard-cookieless", "hoard-cookies", "anonymous-turns", "stuck-reader", "http-flood", "cpu-input")
 LONG_MARK = "please answer at great length"

@@ -69,18 +69,17 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "support"))
+from app.chat.turn import asks_something
+from app.llm.sampling import answer_options
+from app.memory import compaction as domain
+from app.memory.context import assemble_context
+from app.memory.recall import ArchivedTurn, ArchiveIndex
+from app.memory.state import ThreadMessage, ThreadState
+from app.memory.tokens import counter_for
+from app.settings import Settings
+from bench.replay import KDCONV_DOMAINS, KDCONV_FILE, LOCOMO_FILE, _read_json, locomo_turns
 
-from app.chat.turn import asks_something  # noqa: E402
-from app.llm.sampling import answer_options  # noqa: E402
-from app.memory import compaction as domain  # noqa: E402
-from app.memory.context import assemble_context  # noqa: E402
-from app.memory.recall import ArchivedTurn, ArchiveIndex  # noqa: E402
-from app.memory.state import ThreadMessage, ThreadState  # noqa: E402
-from app.memory.tokens import counter_for  # noqa: E402
-from app.settings import Settings  # noqa: E402
-from bench.replay import KDCONV_DOMAINS, KDCONV_FILE, LOCOMO_FILE, _read_json, locomo_turns  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 DATA = Path("/work/shared/data")
 COPY_RATIO = 0.8
@@ -353,8 +352,8 @@ def free_port() -> int:
 
 
 # scripts/model_server.py serving another GGUF file: its supervisor asks ``local_model.fetch()`` for the file.
-SERVE_OTHER_MODEL = ("import sys; from pathlib import Path; sys.path.insert(0, 'scripts'); "
-                     "import local_model, model_server; model = Path(sys.argv[1]).resolve(); "
+SERVE_OTHER_MODEL = ("import sys; from pathlib import Path; from scripts import local_model, model_server; "
+                     "model = Path(sys.argv[1]).resolve(); "
                      "local_model.fetch = lambda path=None: model; sys.exit(model_server.main(sys.argv[2:]))")
 
 

@@ -39,24 +39,22 @@ Ctrl+C stops the run, the browser and every process it started.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
 import secrets
 import shutil
-import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from bench.paced_options import paced_parser
+from bench.person_turns import TurnSource, describe_split, pct, repeats, similarity
+from bench.stack import Stack, parse_env, terminate_on_sigterm
 
-from bench.person_turns import SPLITS, TurnSource, default_data, describe_split, pct, repeats, similarity  # noqa: E402
-from bench.stack import Stack, parse_env, terminate_on_sigterm  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 OUT = ROOT / "bench" / "out"
 TARGET_FIRST_MAX = 6.0
@@ -267,23 +265,9 @@ def after_turn(page, row: Row) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, default=default_data())
-    parser.add_argument("--split", choices=SPLITS, default="held-out")
-    parser.add_argument("--seed", type=int, default=None, help="default: a fresh one, printed")
-    parser.add_argument("--turns", type=int, default=30)
-    parser.add_argument("--pause", type=float, nargs=2, default=(5.0, 10.0), metavar=("LOW", "HIGH"))
-    parser.add_argument("--languages", choices=("mixed", "en", "zh"), default="mixed")
-    parser.add_argument("--floor-sample", type=int, default=0, help="floor turns (0: every input)")
+    parser = paced_parser(__doc__, turns=30, pause=(5.0, 10.0), floor_sample_help="floor turns (0: every input)")
     parser.add_argument("--screenshots", default="1,10,20,30", help="turns to screenshot after their answer")
-    parser.add_argument("--dup-ratio", type=float, default=0.85)
-    parser.add_argument("--timeout", type=float, default=600.0, help="bench bound on one turn (not the product's)")
     parser.add_argument("--headed", action="store_true")
-    parser.add_argument("--skip", default="", help="Procfile.dev processes not to start, e.g. flower")
-    parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
-                        help="a setting the product does not ship (not for the real case)")
-    parser.add_argument("--keep-logs", type=Path, default=None, help="copy the processes' logs to this folder")
     args = parser.parse_args(argv)
     terminate_on_sigterm()
     seed = args.seed if args.seed is not None else secrets.randbelow(10**6)

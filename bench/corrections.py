@@ -36,13 +36,12 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from app.memory.record import FOOTER, HEADER, Record, RecordLine
+from app.memory.context import RECORD_FOOTER, RECORD_HEADER, format_summary
+from app.settings import Settings
+from scripts import local_model
 
-from app.memory.record import FOOTER, HEADER, Record, RecordLine  # noqa: E402
-from app.memory.context import RECORD_FOOTER, RECORD_HEADER, format_summary  # noqa: E402
-from app.settings import Settings  # noqa: E402
-from scripts import local_model  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 SEED = 7
 MAX_TOKENS = 48

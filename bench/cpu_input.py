@@ -35,15 +35,14 @@ import textwrap
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from app.memory.compaction.facts import _read_facts
+from app.memory.compaction.record import sentences, statement_lines
+from app.memory.context import assemble_context
+from app.memory.recall import ArchivedTurn, ArchiveIndex, tokenize
+from app.memory.state import ThreadMessage, ThreadState
+from app.memory.tokens import TokenCounter
 
-from app.memory.compaction.facts import _read_facts  # noqa: E402
-from app.memory.compaction.record import sentences, statement_lines  # noqa: E402
-from app.memory.context import assemble_context  # noqa: E402
-from app.memory.recall import ArchivedTurn, ArchiveIndex, tokenize  # noqa: E402
-from app.memory.state import ThreadMessage, ThreadState  # noqa: E402
-from app.memory.tokens import TokenCounter  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 ENGLISH = ("We moved the Lisbon release to Tuesday after the review, and Maria will send the notes to the "
            "team before noon so everyone can read them. ")
@@ -115,7 +114,6 @@ STALL_SCRIPT = textwrap.dedent("""
     monkey.patch_all()
     import sys, time
     import gevent
-    sys.path.insert(0, {root!r})
     from bench.cpu_input import archive, inputs, steps
     from app.chat.turn import off_the_event_loop
 
@@ -176,8 +174,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{label:18s}" + "".join(f"{c:>16s}" for c in cells), flush=True)
 
     for name in args.stall_input or ["abc12 run", "numbers", "好。 repeated"]:
-        script = STALL_SCRIPT.format(root=str(ROOT), turns=args.archive_turns, chars=args.chars, name=name)
-        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+        script = STALL_SCRIPT.format(turns=args.archive_turns, chars=args.chars, name=name)
+        out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=600)
         if out.returncode != 0:
             print("gevent stall measurement failed:", out.stderr.strip().splitlines()[-1:])
             return 1

@@ -64,31 +64,28 @@ The exit status is 0 when every target passed, 1 otherwise, 130 when interrupted
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
 import secrets
 import shutil
-import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("APP_ENV", "test")
+os.environ.setdefault("APP_ENV", "test")  # before the app is imported
 
 import requests  # noqa: E402
 import websocket  # noqa: E402
 
-from bench.person_turns import (PersonTurn, SPLITS, TurnSource, default_data, describe_split, pct, repeats,  # noqa: E402
-                                 similarity)  # noqa: E402
+from bench.paced_options import paced_parser  # noqa: E402
+from bench.person_turns import PersonTurn, TurnSource, describe_split, pct, repeats, similarity  # noqa: E402
 from bench.stack import Stack, parse_env, terminate_on_sigterm  # noqa: E402
 from chat_support.live_app import ChatClient  # noqa: E402
 
+ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "out"
 TARGETS = {"p50": 2.0, "p95": 4.0, "max": 8.0}
 TARGET_END_P95 = 20.0
@@ -608,17 +605,10 @@ def report(floor: list[Turn], convs: dict[str, list[Turn]], visitors: list[Turn]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, default=default_data())
-    parser.add_argument("--split", choices=SPLITS, default="held-out")
-    parser.add_argument("--seed", type=int, default=None, help="default: a fresh one, printed")
+    parser = paced_parser(__doc__, turns=64, pause=(3.0, 10.0),
+                          floor_sample_help="floor turns (0: every input of (b))")
     parser.add_argument("--conversations", type=int, default=2, help="conversations at --pause")
     parser.add_argument("--fast", type=int, default=1, help="fast-typist conversations (1 s pauses)")
-    parser.add_argument("--turns", type=int, default=64)
-    parser.add_argument("--pause", type=float, nargs=2, default=(3.0, 10.0), metavar=("LOW", "HIGH"))
-    parser.add_argument("--languages", choices=("mixed", "en", "zh"), default="mixed")
-    parser.add_argument("--floor-sample", type=int, default=0, help="floor turns (0: every input of (b))")
     parser.add_argument("--floor-full", action="store_true", help="let floor answers run to their end")
     parser.add_argument("--bg-turns", type=int, default=8, help="turns of each background thread in (c), (d)")
     parser.add_argument("--visitors", type=int, default=8, help="at most this many visitors during a refinement")
@@ -627,13 +617,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--refine-wait", type=float, default=180.0, help="seconds to wait for a refinement")
     parser.add_argument("--refine-rounds", type=int, default=3,
                         help="(d): rounds of refinements at most, until a measured fold lands in one")
-    parser.add_argument("--dup-ratio", type=float, default=0.85)
     parser.add_argument("--only", default="a,b,c,d", help="phases to run (a is always run when b or c is)")
-    parser.add_argument("--timeout", type=float, default=600.0, help="bench bound on one turn (not the product's)")
-    parser.add_argument("--skip", default="", help="Procfile.dev processes not to start, e.g. flower")
-    parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
-                        help="a setting the product does not ship (not for the real case)")
-    parser.add_argument("--keep-logs", type=Path, default=None, help="copy the processes' logs to this folder")
     args = parser.parse_args(argv)
     terminate_on_sigterm()
     phases = set(args.only.split(","))

@@ -15,12 +15,10 @@ trying one; the real case passes none).
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import secrets
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -33,23 +31,11 @@ STOP_FIRST = ("web", "flower")
 STOP_LAST = ("compaction-model", "model", "store")
 
 
-_DEV = None
-
-
 def _dev_module():
-    """``scripts/dev.py`` as a module (it imports ``local_model`` from beside itself)."""
-    scripts = str(ROOT / "scripts")
-    if scripts not in sys.path:
-        sys.path.insert(0, scripts)
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
-    global _DEV
-    if _DEV is None:
-        spec = importlib.util.spec_from_file_location("bench_dev_plan", ROOT / "scripts" / "dev.py")
-        assert spec is not None and spec.loader is not None
-        _DEV = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(_DEV)
-    return _DEV
+    """``scripts/dev.py`` as the module ``scripts.dev`` (imported on first use: it needs honcho)."""
+    from scripts import dev
+
+    return dev
 
 
 def _free_port() -> int:

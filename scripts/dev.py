@@ -50,8 +50,12 @@ from honcho.environ import parse_procfile
 from honcho.manager import Manager
 from honcho.printer import Message, Printer
 
-import local_model  # scripts/local_model.py, beside this script
 from app.settings import dev_secret_key  # the same file app/settings.py reads
+
+if __package__:  # imported as scripts.dev (bench/stack.py reads its plan)
+    from scripts import local_model
+else:  # run as `python scripts/dev.py` (make run): its own folder is sys.path[0]
+    import local_model  # type: ignore[no-redef]  # the same file as scripts.local_model
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCAL = ROOT / ".local"

@@ -195,7 +195,10 @@ def ready_file(run_dir: Path, port: int) -> Path:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["serve"]:
-        import model_server  # scripts/model_server.py, beside this script
+        if __package__:  # imported as scripts.local_model
+            from scripts import model_server
+        else:  # run as `python scripts/local_model.py serve`: its own folder is sys.path[0]
+            import model_server  # type: ignore[no-redef]  # the same file as scripts.model_server
 
         return model_server.main(argv[1:])
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

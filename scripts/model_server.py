@@ -65,10 +65,12 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import cpu_yield  # noqa: E402  scripts/cpu_yield.py, beside this script
-import local_model  # noqa: E402  scripts/local_model.py, beside this script
-import slot_cache  # noqa: E402  scripts/slot_cache.py, beside this script
+if __package__:  # imported as scripts.model_server (the tests, bench/)
+    from scripts import cpu_yield, local_model, slot_cache
+else:  # run as `python scripts/model_server.py` (Procfile.dev): its own folder is sys.path[0]
+    import cpu_yield  # type: ignore[no-redef]  # the same file as scripts.cpu_yield
+    import local_model  # type: ignore[no-redef]
+    import slot_cache  # type: ignore[no-redef]
 
 MODEL_NAME = local_model.MODEL_NAME
 DEFAULT_HOST = local_model.DEFAULT_HOST

@@ -12,14 +12,16 @@ os.environ.setdefault("APP_ENV", "test")
 pytest.register_assert_rewrite("tests.helpers", "tests.fixtures.deployed_web", "chat_support")
 
 pytest_plugins = [
+    "tests.fixtures.lanes",  # first: the other fixture modules import it
     "tests.fixtures.redis_server",
     "tests.fixtures.live_app",
     "tests.fixtures.streamed_chat",
     "tests.fixtures.celery_worker",
     "tests.fixtures.redis_cluster",
-    "tests.fixtures.lanes",
     "tests.fixtures.own_redis",
     "tests.fixtures.redis_proxy",
+    "tests.fixtures.processes",
+    "pytester",  # tests/test_lanes.py runs a small suite of its own
 ]
 
 from app.settings import MemoryLimits, Settings  # noqa: E402

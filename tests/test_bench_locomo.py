@@ -153,6 +153,7 @@ def test_session_recall_looks_for_a_gold_session_among_the_top_turns_sessions():
     assert L.session_recall([1, 2, 3], sessions, ("D9:1", "D2:3"), ks=(1, 5)) == {1: False, 5: True}
 
 
+@pytest.mark.slow  # replays a whole LoCoMo conversation from the public data (../shared/data)
 def test_bench_runs_on_one_conversation(tmp_path):
     data = public_data(L.LOCOMO_FILE).parent
     code = L.main(["--fake", "--conversations", "1", "--out", str(tmp_path), "--data", str(data)])

@@ -28,7 +28,7 @@ from app.store.redis_client import make_redis
 from chat_support.fake_llm import Reply
 from tests.fixtures.celery_worker import ANSWER_TAIL, history, user_text, wait_until
 from chat_support.live_app import ChatClient, answer_text
-from chat_support.processes import PROCFILE, ROOT, prod_env, start, stop_group
+from chat_support.processes import PROCFILE, ROOT, prod_env, stop_group
 from chat_support.servers import free_ports, wait_http
 
 ANSWER = {"summary": "They talked about small things.", "pinnedDecisions": []}
@@ -79,14 +79,15 @@ def consumers(amqp_url: str) -> int:
             return 0
 
 
-def test_a_socket_that_moves_to_the_other_web_process_continues_the_thread(cluster_settings, fake_llm, tmp_path):
+def test_a_socket_that_moves_to_the_other_web_process_continues_the_thread(procfile, cluster_settings, fake_llm,
+                                                                           tmp_path):
     fake_llm.default = Reply(text=REPLY)
     fake_llm.add_rule(Reply(json=ANSWER), structured=True)
     settings = cluster_settings.with_overrides(openai_base_url=fake_llm.url)
     env = prod_env(settings, REDIS_CLUSTER="1", CELERY_BROKER_URL=settings.celery_broker_url, WEB_CONCURRENCY="1",
                    WEB_THREADS="8", WORKER_CONCURRENCY="1", COMPACTION_REFINE_AFTER_FOLDS="1")
     ports = free_ports(2)
-    procs = [start("web", {**env, "PORT": str(port)}, tmp_path / f"web-{port}.log") for port in ports]
+    procs = [procfile.start("web", {**env, "PORT": str(port)}, tmp_path / f"web-{port}.log") for port in ports]
     procs += [worker(n, env, tmp_path / f"worker-{n}.log") for n in (1, 2)]
     first, second = Web(ports[0]), Web(ports[1])
     try:

@@ -390,6 +390,7 @@ def paraphrasing_model(body: dict) -> dict:
                        f"lately about the number {last_topic}.", "pinnedDecisions": []}
 
 
+@pytest.mark.slow  # about 15 s: thirty turns, each folded and refined by the worker
 def test_planted_facts_survive_thirty_turns_of_small_talk_with_a_paraphrasing_model(compaction_rig, fake_llm):
     rig = compaction_rig
     fake_llm.add_rule(paraphrasing_model, structured=True)
@@ -487,6 +488,7 @@ def chinese_paraphrase(body: dict) -> dict:
     return {"summary": "用户介绍了自己和项目的安排，之后聊了些日常话题。", "pinnedDecisions": ["用户做了一些决定。"]}
 
 
+@pytest.mark.slow  # about 14 s each: thirty turns, each folded and refined by the worker
 @pytest.mark.parametrize("context_tokens", [1500, 4096, 8192])
 def test_thirty_chinese_turns_keep_every_planted_fact_after_every_compaction_and_no_request_passes_the_window(
         make_compaction_rig, fake_llm, context_tokens):

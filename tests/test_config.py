@@ -263,6 +263,7 @@ def test_flower_with_a_malformed_basic_auth(redis_url):
     assert_config_error(result, "FLOWER_BASIC_AUTH must look like user:password")
 
 
+@pytest.mark.slow  # starts Flower (celery) and waits for it to serve
 def test_flower_in_development_starts_without_basic_auth(redis_url, tmp_path):
     port = free_port()
     env = clean_env(APP_ENV="development", REDIS_URL=redis_url, SECRET_KEY=SECRET, FLOWER_UNAUTHENTICATED_API="1")

@@ -35,7 +35,6 @@ import websocket
 from app.chat.ws import STORE_FULL_CHECK_SECONDS
 from app.store.keys import ThreadKeys
 from chat_support.fake_llm import FakeLLM, Reply, words
-from tests.fixtures.deployed_web import deployed_web
 from chat_support.polling import wait_until
 
 LIMITS = dict(WS_MAX_PER_CLIENT="3", WS_NEW_PER_MINUTE="8", TURNS_PER_MINUTE_PER_SESSION="2",
@@ -51,8 +50,8 @@ def model():
 
 
 @pytest.fixture(scope="module")
-def web(model, tmp_path_factory):
-    with deployed_web(model, tmp_path_factory.mktemp("budgets-web"), **LIMITS) as deployed:
+def web(model, procfile, tmp_path_factory):
+    with procfile.deployed_web(model, tmp_path_factory.mktemp("budgets-web"), **LIMITS) as deployed:
         yield deployed
 
 

@@ -15,10 +15,8 @@ import threading
 import pytest
 
 from chat_support.fake_llm import FakeLLM, Reply
-from tests.fixtures.deployed_web import Visitor, deployed_web
+from tests.fixtures.deployed_web import Visitor
 from chat_support.live_app import answer_text
-
-pytestmark = pytest.mark.slow  # starts the Procfile's web (tests/fixtures/lanes.py)
 
 ANSWER = " ".join(f"word{i}" for i in range(60))
 
@@ -32,10 +30,10 @@ CRAFTED = [repeat("abc12"), repeat("abcdefghij"), repeat("好。"), repeat("😀
 
 
 @pytest.fixture(scope="module")
-def deployed(tmp_path_factory):
+def deployed(procfile, tmp_path_factory):
     with FakeLLM() as model:
         model.default = Reply(text=ANSWER, token_delay=0.02)
-        with deployed_web(model, tmp_path_factory.mktemp("deployed-cpu"), WEB_CONCURRENCY="1") as web:
+        with procfile.deployed_web(model, tmp_path_factory.mktemp("deployed-cpu"), WEB_CONCURRENCY="1") as web:
             yield web
 
 

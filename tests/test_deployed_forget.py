@@ -32,8 +32,9 @@ from app.store.keys import ThreadKeys
 from tests.helpers.store_dump import store_text
 from chat_support.fake_llm import FakeLLM, Reply
 from tests.fixtures.celery_worker import history, wait_until
-from tests.fixtures.deployed_web import Deployed, Visitor, deployed_web
+from tests.fixtures.deployed_web import Deployed, Visitor
 from chat_support.processes import PROCFILE, ROOT, stop_group
+from tests.fixtures.lanes import starts_processes
 
 WORD = "zebrafinch"
 PLANTED = f"My locker code is {WORD}-4471, keep it safe."
@@ -51,10 +52,10 @@ def model():
 
 
 @pytest.fixture
-def web(model, amqp_url, tmp_path):
+def web(model, procfile, amqp_url, tmp_path):
     # a refinement after every second fold, and one second of quiet is enough for it; 38 turns within minutes
     # from one session and address: no turn budget (0)
-    with deployed_web(model, tmp_path, CELERY_BROKER_URL=amqp_url, COMPACTION_REFINE_AFTER_FOLDS="2",
+    with procfile.deployed_web(model, tmp_path, CELERY_BROKER_URL=amqp_url, COMPACTION_REFINE_AFTER_FOLDS="2",
                       COMPACTION_IDLE_SECONDS="1", TURNS_PER_MINUTE_PER_SESSION="0",
                       TURNS_PER_MINUTE_PER_CLIENT="0") as deployed:
         yield deployed
@@ -98,6 +99,7 @@ class Worker:
 
 
 @pytest.fixture
+@starts_processes()
 def worker(web, tmp_path):
     running = Worker(web, tmp_path)
     try:

@@ -25,7 +25,7 @@ from chat_support.live_app import ChatClient, answer_text
 from chat_support.processes import stop_group
 from chat_support.servers import free_port
 from tests.fixtures.celery_worker import wait_until
-from tests.fixtures.deployed_web import Deployed, Visitor, deployed_web, start_web
+from tests.fixtures.deployed_web import Deployed, Visitor
 
 TOKENS = [f" w{i}" for i in range(120)]
 
@@ -37,8 +37,8 @@ def model():
 
 
 @pytest.fixture
-def web(model, tmp_path):
-    with deployed_web(model, tmp_path, WEB_CONCURRENCY="1", TURNS_PER_MINUTE_PER_SESSION="0",
+def web(model, procfile, tmp_path):
+    with procfile.deployed_web(model, tmp_path, WEB_CONCURRENCY="1", TURNS_PER_MINUTE_PER_SESSION="0",
                       TURNS_PER_MINUTE_PER_CLIENT="0") as deployed:
         yield deployed
 
@@ -117,11 +117,11 @@ def seed_archive(web: Deployed, tid: str, planted: bool) -> None:
     web.redis.hset(keys.state, mapping={"ft": 12, "ab": sum(len(m) for m in members)})
 
 
-def test_an_expired_thread_is_never_recalled_into_the_same_sessions_new_conversation(web, model, tmp_path):
+def test_an_expired_thread_is_never_recalled_into_the_same_sessions_new_conversation(web, model, procfile, tmp_path):
     second_env = dict(web.env, PORT=str(free_port()))
     second = Deployed(f"http://127.0.0.1:{second_env['PORT']}", tmp_path / "web-2.log", web.redis, model,
                       second_env)
-    second.proc = start_web(second_env, second.log)
+    second.proc = procfile.start_web(second_env, second.log)
     visitor = Visitor(web)
     other = ChatClient(second, session=visitor.session)  # the same browser session, served by the second process
     try:

@@ -21,7 +21,7 @@ import websocket
 
 from app.settings import ConfigError, Settings
 from chat_support.fake_llm import FakeLLM, Reply, words
-from tests.fixtures.deployed_web import Visitor, deployed_web
+from tests.fixtures.deployed_web import Visitor
 from chat_support.live_app import answer_text
 from chat_support.polling import wait_until
 
@@ -50,15 +50,15 @@ def model():
 
 
 @pytest.fixture(scope="module")
-def limited(model, tmp_path_factory):
-    with deployed_web(model, tmp_path_factory.mktemp("limited-web"), WEB_THREADS="8",
+def limited(model, procfile, tmp_path_factory):
+    with procfile.deployed_web(model, tmp_path_factory.mktemp("limited-web"), WEB_THREADS="8",
                       WS_MAX_PER_SESSION=str(PER_SESSION)) as web:
         yield web
 
 
 @pytest.fixture(scope="module")
-def idle_web(model, tmp_path_factory):
-    with deployed_web(model, tmp_path_factory.mktemp("idle-web"), WS_IDLE_TIMEOUT_SECONDS="2") as web:
+def idle_web(model, procfile, tmp_path_factory):
+    with procfile.deployed_web(model, tmp_path_factory.mktemp("idle-web"), WS_IDLE_TIMEOUT_SECONDS="2") as web:
         yield web
 
 

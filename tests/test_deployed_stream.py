@@ -22,7 +22,7 @@ from app.llm.client import CancelEvent, LLMClient, StreamStats
 from app.llm.provider import LLMError
 from chat_support.fake_llm import FakeLLMProcess, plan_pieces as pieces
 from chat_support.live_app import ChatClient, answer_text, frame_kinds
-from chat_support.processes import prod_env, start, stop_group
+from chat_support.processes import prod_env, stop_group
 from chat_support.servers import free_port, wait_http
 
 TRUNCATED = ("upstream_truncated",
@@ -50,11 +50,12 @@ def thread_hashes(redis_client) -> dict[str, dict]:
 
 
 @pytest.mark.slow
-def test_a_cut_or_killed_model_stream_fails_the_turn_and_stores_nothing(settings, cut_model, redis_client, tmp_path):
+def test_a_cut_or_killed_model_stream_fails_the_turn_and_stores_nothing(procfile, settings, cut_model, redis_client,
+                                                                         tmp_path):
     model_url, model = cut_model
     port = free_port()
     log = tmp_path / "web.log"
-    web = start("web", prod_env(settings.with_overrides(openai_base_url=model_url), PORT=str(port),
+    web = procfile.start("web", prod_env(settings.with_overrides(openai_base_url=model_url), PORT=str(port),
                                 WEB_CONCURRENCY="1", WEB_THREADS="8"), log)
     try:
         health = wait_http(f"http://127.0.0.1:{port}/healthz", web, log)

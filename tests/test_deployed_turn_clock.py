@@ -17,20 +17,20 @@ import requests
 
 from chat_support.fake_llm import FakeLLMProcess, plan_pieces as pieces
 from chat_support.live_app import ChatClient, answer_text
-from chat_support.processes import prod_env, start, stop_group
+from chat_support.processes import prod_env, stop_group
 from chat_support.servers import free_port, wait_http
 
 GAP_MESSAGE = "The model stopped answering: no text for 1 s. The part shown was not saved."
 
 
 @pytest.mark.slow
-def test_a_silent_answer_fails_at_its_gap_while_a_long_one_completes(settings, tmp_path):
+def test_a_silent_answer_fails_at_its_gap_while_a_long_one_completes(procfile, settings, tmp_path):
     log = open(tmp_path / "model.log", "w")
     model = FakeLLMProcess(tokens=30, token_delay=0.2, extra_args=["--cut-plan"], stderr=log, startup_timeout=15)
     model.start()
     web_log = tmp_path / "web.log"
     port = free_port()
-    web = start("web", prod_env(settings.with_overrides(openai_base_url=model.url), PORT=str(port),
+    web = procfile.start("web", prod_env(settings.with_overrides(openai_base_url=model.url), PORT=str(port),
                                 WEB_CONCURRENCY="1", WEB_THREADS="8", LLM_FIRST_TOKEN_TIMEOUT_SECONDS="2",
                                 LLM_TOKEN_GAP_TIMEOUT_SECONDS="1"), web_log)
     try:

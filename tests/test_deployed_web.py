@@ -26,7 +26,7 @@ import websocket
 
 from app.store.keys import ThreadKeys
 from chat_support.fake_llm import FakeLLM, Reply
-from tests.fixtures.deployed_web import Visitor, deployed_web
+from tests.fixtures.deployed_web import Visitor
 from chat_support.live_app import answer_text
 
 ANSWER = "Hello from the deployed web."
@@ -40,9 +40,9 @@ def model():
 
 
 @pytest.fixture(scope="module")
-def deployed(model, tmp_path_factory):
+def deployed(model, procfile, tmp_path_factory):
     # HEALTH_WRITE_PROBE_SECONDS=0: a write probe on every /healthz, so the test sees each change at once
-    with deployed_web(model, tmp_path_factory.mktemp("deployed-web"), HEALTH_WRITE_PROBE_SECONDS="0") as web:
+    with procfile.deployed_web(model, tmp_path_factory.mktemp("deployed-web"), HEALTH_WRITE_PROBE_SECONDS="0") as web:
         yield web
 
 

@@ -30,7 +30,7 @@ from app.store.keys import ThreadKeys
 from chat_support.fake_llm import Reply
 from tests.fixtures.celery_worker import (commit_turn, folded_section, history, rendered, seed_turns, thread_id_for,
                                           wait_no_refinement, wait_until)
-from chat_support.processes import PROCFILE, prod_env, start, stop_group
+from chat_support.processes import PROCFILE, prod_env, stop_group
 from chat_support.servers import free_port, port_open
 
 ANSWER = {"summary": "They talked about where they live.", "pinnedDecisions": []}
@@ -65,7 +65,7 @@ def wait_worker_ready(proc: subprocess.Popen, log: Path, timeout: float = 90.0) 
 
 
 @pytest.mark.slow
-def test_prefork_worker_compacts_a_chinese_thread(compaction_rig, fake_llm, tmp_path):
+def test_prefork_worker_compacts_a_chinese_thread(procfile, compaction_rig, fake_llm, tmp_path):
     rig = compaction_rig
     fake_llm.add_rule(Reply(json=ANSWER), structured=True)
     tid = thread_id_for("deployed-chinese")
@@ -73,7 +73,7 @@ def test_prefork_worker_compacts_a_chinese_thread(compaction_rig, fake_llm, tmp_
     for n, (user, assistant) in enumerate(CHINESE_TURNS, start=1):
         result = commit_turn(rig.store, tid, n, user=user, assistant=assistant)
     log = tmp_path / "worker.log"
-    proc = start("worker", prod_env(rig.settings), log)  # default concurrency, prefork
+    proc = procfile.start("worker", prod_env(rig.settings), log)  # default concurrency, prefork
     try:
         text = wait_worker_ready(proc, log)
         assert "concurrency: 2 (prefork)" in text
@@ -135,8 +135,8 @@ def marker_ttl_now(rig, tid: str) -> int:
 
 
 @pytest.mark.slow
-def test_a_task_lost_with_its_broker_is_requested_again_after_the_queued_ttl(make_compaction_rig, fake_llm, broker,
-                                                                             tmp_path):
+def test_a_task_lost_with_its_broker_is_requested_again_after_the_queued_ttl(procfile, make_compaction_rig, fake_llm,
+                                                                             broker, tmp_path):
     queued_ttl = 3
     rig = make_compaction_rig(celery_broker_url=broker.url, compaction_queued_ttl=queued_ttl)
     fake_llm.add_rule(Reply(json=ANSWER), structured=True)
@@ -153,7 +153,7 @@ def test_a_task_lost_with_its_broker_is_requested_again_after_the_queued_ttl(mak
     assert rig.request(tid, commit_turn(rig.store, tid, 6)) is False
     assert 0 < marker_ttl_now(rig, tid) <= queued_ttl
     log = tmp_path / "worker.log"
-    proc = start("worker", prod_env(rig.settings, CELERY_BROKER_URL=broker.url,
+    proc = procfile.start("worker", prod_env(rig.settings, CELERY_BROKER_URL=broker.url,
                                     COMPACTION_QUEUED_TTL_SECONDS=str(queued_ttl)), log)
     try:
         wait_worker_ready(proc, log)
@@ -172,7 +172,7 @@ def test_a_task_lost_with_its_broker_is_requested_again_after_the_queued_ttl(mak
 
 
 @pytest.mark.slow
-def test_a_running_compaction_holds_its_marker_past_the_queued_ttl(make_compaction_rig, fake_llm, tmp_path):
+def test_a_running_compaction_holds_its_marker_past_the_queued_ttl(procfile, make_compaction_rig, fake_llm, tmp_path):
     queued_ttl = 3
     rig = make_compaction_rig(compaction_queued_ttl=queued_ttl)
     fake_llm.enqueue(Reply(json=ANSWER, delay=2 * queued_ttl + 2), structured=True)  # the first refinement's call
@@ -183,8 +183,8 @@ def test_a_running_compaction_holds_its_marker_past_the_queued_ttl(make_compacti
     # a refinement right after each fold; one that has to wait for quiet again waits a second
     env = prod_env(rig.settings, COMPACTION_QUEUED_TTL_SECONDS=str(queued_ttl), COMPACTION_REFINE_AFTER_FOLDS="1",
                    COMPACTION_IDLE_SECONDS="1")
-    proc = start("worker", env, log)
-    refiner = start("refiner", env, tmp_path / "refiner.log")
+    proc = procfile.start("worker", env, log)
+    refiner = procfile.start("refiner", env, tmp_path / "refiner.log")
     try:
         wait_worker_ready(proc, log)
         wait_worker_ready(refiner, tmp_path / "refiner.log")
@@ -227,7 +227,7 @@ def steps(rig, tid: str) -> list[tuple[str, str]]:
 
 
 @pytest.mark.slow
-def test_a_fold_is_applied_while_two_other_threads_refinements_wait_on_a_slow_model(compaction_rig, fake_llm,
+def test_a_fold_is_applied_while_two_other_threads_refinements_wait_on_a_slow_model(procfile, compaction_rig, fake_llm,
                                                                                     tmp_path):
     rig = compaction_rig
     slow = 12  # seconds each of the first two refinements' model calls takes
@@ -238,7 +238,7 @@ def test_a_fold_is_applied_while_two_other_threads_refinements_wait_on_a_slow_mo
     # a refinement right after each fold (the Procfile's shape: the worker and the refiner, prefork)
     env = prod_env(rig.settings, COMPACTION_REFINE_AFTER_FOLDS="1", COMPACTION_IDLE_SECONDS="1")
     logs = {name: tmp_path / f"{name}.log" for name in ("worker", "refiner")}
-    procs = {name: start(name, env, log) for name, log in logs.items()}
+    procs = {name: procfile.start(name, env, log) for name, log in logs.items()}
     try:
         for name, proc in procs.items():
             wait_worker_ready(proc, logs[name])

@@ -47,6 +47,7 @@ from chat_support.live_app import ChatClient, answer_text
 from chat_support.processes import descendants
 from chat_support.polling import wait_until
 from chat_support.servers import free_ports, port_open
+from tests.fixtures.lanes import starts_processes
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -97,6 +98,7 @@ def alive(pid: int) -> bool:
 
 
 @pytest.fixture
+@starts_processes()
 def dev_system(tmp_path):
     """``python scripts/dev.py`` running on free ports; yields ``(launcher, env, log path)``; stopped after."""
     web, flower, store, model, compaction = free_ports(5)

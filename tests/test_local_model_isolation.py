@@ -23,7 +23,6 @@ from chat_support.fake_llm import FakeLLM
 from chat_support.live_app import ChatClient, answer_text
 from chat_support.servers import free_ports
 from scripts import local_model
-from tests.helpers.model_server import start_model_server, stop_model_server
 
 WORDS = {"a": "MARZIPANTO", "b": "QUILBERRY"}
 TURNS = [
@@ -39,9 +38,9 @@ def prompt_text(request: dict) -> str:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_two_sessions_at_once_never_see_each_others_words(make_live_app, settings, tmp_path):
+def test_two_sessions_at_once_never_see_each_others_words(bundled_model, make_live_app, settings, tmp_path):
     (port,) = free_ports(1)
-    model = start_model_server(port, tmp_path / "model.log")
+    model = bundled_model.start(port, tmp_path / "model.log")
     proxy = FakeLLM(upstream=f"http://127.0.0.1:{port}").start()  # forwards and records every exchange
     try:
         live = make_live_app(settings.with_overrides(
@@ -74,7 +73,7 @@ def test_two_sessions_at_once_never_see_each_others_words(make_live_app, setting
         assert [len(answers[name]) for name in WORDS] == [len(TURNS)] * 2
     finally:
         proxy.stop()
-        stop_model_server(model)
+        bundled_model.stop(model)
 
     # per POST .../chat/completions: the request body, and the status and answer text the server streamed back
     exchanges = [{"request": r.body, "status": r.status, "answer": r.answer}

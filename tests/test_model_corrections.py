@@ -15,7 +15,6 @@ import pytest
 from app.memory.context import format_summary
 from app.settings import Settings
 from bench.corrections import CASES, answered, ask, summary_of
-from tests.helpers.model_server import start_model_server, stop_model_server
 from chat_support.servers import free_ports
 
 CHOSEN = [next(c for c in CASES if (c.lang, c.kind) == wanted)  # the first date and place case of each language
@@ -24,17 +23,17 @@ CHOSEN = [next(c for c in CASES if (c.lang, c.kind) == wanted)  # the first date
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_the_bundled_model_answers_the_corrected_value(tmp_path):
+def test_the_bundled_model_answers_the_corrected_value(bundled_model, tmp_path):
     assert sorted((c.lang, c.kind) for c in CHOSEN) == [("en", "date"), ("en", "place"), ("zh", "date"),
                                                         ("zh", "place")]
     (port,) = free_ports(1)
-    model = start_model_server(port, tmp_path / "model.log")
+    model = bundled_model.start(port, tmp_path / "model.log")
     try:
         system = Settings().system_prompt
         answers = {(c.lang, c.kind): ask(f"http://127.0.0.1:{port}/v1", [
             {"role": "system", "content": system}, {"role": "system", "content": format_summary(summary_of(c))},
             {"role": "user", "content": c.question}]) for c in CHOSEN}
     finally:
-        stop_model_server(model)
+        bundled_model.stop(model)
     wrong = {key: text for (key, text), case in zip(answers.items(), CHOSEN) if not answered(case, text)}
     assert wrong == {}

@@ -16,7 +16,6 @@ import requests
 
 from app.llm import health
 from chat_support.fake_llm import FakeLLM, Reply
-from tests.helpers.model_server import start_model_server, stop_model_server
 from chat_support.polling import wait_until
 from chat_support.servers import free_ports
 
@@ -101,11 +100,11 @@ def answer_with(url: str, status: int) -> tuple[requests.Response] | None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_healthz_follows_the_real_model_server_down_and_up_without_an_app_restart(make_live_app, settings,
-                                                                                  tmp_path):
+def test_healthz_follows_the_real_model_server_down_and_up_without_an_app_restart(bundled_model, make_live_app,
+                                                                                  settings, tmp_path):
     (port,) = free_ports(1)
     log = tmp_path / "model.log"
-    proc = start_model_server(port, log)
+    proc = bundled_model.start(port, log)
     try:
         live = make_live_app(settings.with_overrides(openai_base_url=f"http://127.0.0.1:{port}/v1",
                                                      openai_api_key="local"))
@@ -113,14 +112,14 @@ def test_healthz_follows_the_real_model_server_down_and_up_without_an_app_restar
         first = requests.get(url, timeout=10)
         assert (first.status_code, first.json()) == (200, {"status": "ok", "store": "up", "model": "up"})
 
-        stop_model_server(proc)
+        bundled_model.stop(proc)
         down = wait_until(lambda: answer_with(url, 503), 30, "/healthz to say the model is down", interval=0.5)[0]
         assert down.json() == {"status": "degraded", "store": "up", "model": "down"}
         assert not any(word in down.text for word in EXCEPTION_WORDS)
 
-        proc = start_model_server(port, log)  # the same port, a new process; the app is not restarted
+        proc = bundled_model.start(port, log)  # the same port, a new process; the app is not restarted
         up = wait_until(lambda: answer_with(url, 200), 30, "/healthz to say the model is up again", interval=0.5)[0]
         assert up.json() == {"status": "ok", "store": "up", "model": "up"}
     finally:
         if proc.poll() is None:
-            stop_model_server(proc)
+            bundled_model.stop(proc)

@@ -191,13 +191,12 @@ def test_a_chat_stream_carries_its_threads_key_to_the_bundled_model_only(setting
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_with_the_real_model_a_thread_reads_only_its_new_tokens_after_another_threads_turn(
-        settings, tmp_path, monkeypatch):
+        bundled_model, settings, tmp_path, monkeypatch):
     from scripts import local_model
-    from tests.helpers.model_server import start_model_server, stop_model_server
 
     monkeypatch.setenv("LOCAL_MODEL_SLOT_DIR", str(tmp_path / "slots"))
     (port,) = free_ports(1)
-    model = start_model_server(port, tmp_path / "model.log")
+    model = bundled_model.start(port, tmp_path / "model.log")
     try:
         live = settings.with_overrides(openai_base_url=f"http://127.0.0.1:{port}/v1", openai_api_key="local",
                                        chat_model=local_model.MODEL_NAME, bundled_model=True,
@@ -224,7 +223,7 @@ def test_with_the_real_model_a_thread_reads_only_its_new_tokens_after_another_th
         a2 = turn("a", "Thanks.")
         b2 = turn("b", "Thanks.")
     finally:
-        stop_model_server(model)
+        bundled_model.stop(model)
     assert a1.prompt_read is not None and a1.prompt_cached is not None  # llama.cpp's timings were read
     # a new thread starts from the system prompt alone: b1 reuses none of a1's shared beginning
     assert b1.prompt_cached <= a1.prompt_cached + 2 and b1.prompt_read >= a1.prompt_read - 2

@@ -21,6 +21,9 @@ import requests
 from chat_support.processes import descendants
 from chat_support.servers import free_ports, port_open
 
+# Every test runs scripts/model_server.py (the bundled model's supervisor) or scripts/dev.py as a process of its own.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parent.parent
 STANDIN = "chat_support.llama_standin"
 

@@ -24,6 +24,7 @@ import pytest
 from chat_support.servers import free_ports
 from tests.helpers.model_server import server_pids
 from scripts import cpu_yield
+from tests.fixtures.lanes import starts_processes
 
 ROOT = Path(__file__).resolve().parent.parent
 KEY = "a" * 64
@@ -64,6 +65,7 @@ def states_until(pid: int, wanted, timeout: float) -> list[str]:
 
 
 @pytest.fixture
+@starts_processes()
 def stack(tmp_path):
     """``(chat supervisor, chat port, compaction server pid, run dir, started)``; every process is stopped after."""
     chat_port, compaction_port = free_ports(2)

@@ -31,7 +31,7 @@ from chat_support.fake_llm import Reply, words
 from tests.fixtures.celery_worker import asked, history, raw_hash, record, seed_turns, thread_id_for, wait_until
 from chat_support.live_app import ChatClient, answer_text, frame_kinds
 from chat_support.config_env import PASSWORD
-from chat_support.processes import PROCFILE, prod_env, start, stop_group
+from chat_support.processes import PROCFILE, prod_env, stop_group
 from chat_support.servers import free_port, wait_http
 
 ANSWER = {"summary": "They talked about the numbers one and two.", "pinnedDecisions": ["Keep answers short"]}
@@ -51,12 +51,12 @@ def test_the_procfile_has_the_contract_process_types():
 
 
 @pytest.mark.parametrize("worker_class", [None, "gthread"], ids=["gevent-default", "gthread"])
-def test_web_serves_http_and_websocket_chat_in_production(settings, fake_llm, tmp_path, worker_class):
+def test_web_serves_http_and_websocket_chat_in_production(procfile, settings, fake_llm, tmp_path, worker_class):
     fake_llm.default = Reply(text="Hello from the fake model.")
     port = free_port()
     log = tmp_path / "web.log"
     extra = {"WEB_WORKER_CLASS": worker_class} if worker_class else {}
-    proc = start("web", prod_env(settings.with_overrides(openai_base_url=fake_llm.url), PORT=str(port),
+    proc = procfile.start("web", prod_env(settings.with_overrides(openai_base_url=fake_llm.url), PORT=str(port),
                                  WEB_CONCURRENCY="2", WEB_THREADS="4", **extra), log)
     try:
         health = wait_http(f"http://127.0.0.1:{port}/healthz", proc, log)
@@ -103,10 +103,10 @@ def test_web_serves_http_and_websocket_chat_in_production(settings, fake_llm, tm
         assert stop_group(proc) == 0
 
 
-def test_web_with_a_bad_configuration_prints_one_line_and_exits_3(settings, tmp_path):
+def test_web_with_a_bad_configuration_prints_one_line_and_exits_3(procfile, settings, tmp_path):
     port = free_port()
     log = tmp_path / "web.log"
-    proc = start("web", prod_env(settings, PORT=str(free_port()),
+    proc = procfile.start("web", prod_env(settings, PORT=str(free_port()),
                                  REDIS_URL=f"redis://:{PASSWORD}@127.0.0.1:{port}/0"), log)
     assert proc.wait(30) == 3
     assert log.read_text() == (f"config error: REDIS_URL is unreachable (redis://:***@127.0.0.1:{port}/0): "
@@ -114,15 +114,15 @@ def test_web_with_a_bad_configuration_prints_one_line_and_exits_3(settings, tmp_
 
 
 @pytest.mark.slow
-def test_worker_sigterm_requeues_the_running_compaction_at_once(compaction_rig, fake_llm, tmp_path):
+def test_worker_sigterm_requeues_the_running_compaction_at_once(procfile, compaction_rig, fake_llm, tmp_path):
     rig = compaction_rig
     fake_llm.enqueue(Reply(json=ANSWER, delay=60), structured=True)  # the first worker is stopped during this
     fake_llm.add_rule(Reply(json=ANSWER), structured=True)
     tid = thread_id_for("procfile-sigterm")
     result = seed_turns(rig.store, tid, 6)
     env = prod_env(rig.settings, WORKER_CONCURRENCY="1", COMPACTION_REFINE_AFTER_FOLDS="1")  # refine each fold
-    folds = start("worker", env, tmp_path / "worker.log")
-    first = start("refiner", env, tmp_path / "first.log")
+    folds = procfile.start("worker", env, tmp_path / "worker.log")
+    first = procfile.start("refiner", env, tmp_path / "first.log")
     second = None
     try:
         assert rig.request(tid, result)  # the fold (no model), then its refinement, which waits on the model
@@ -141,7 +141,7 @@ def test_worker_sigterm_requeues_the_running_compaction_at_once(compaction_rig, 
         assert rig.client.zcard("unacked_index") == 0
         assert raw_hash(rig.client, tid) == before  # the refinement wrote nothing
         assert [(e["outcome"], e["step"]) for e in history(rig.client, tid)] == [("applied", "fold")]
-        second = start("refiner", env, tmp_path / "second.log")
+        second = procfile.start("refiner", env, tmp_path / "second.log")
         rig.wait_outcome(tid, "applied", count=2, timeout=60)
         wait_until(lambda: not rig.client.exists(ThreadKeys(tid).refining), 15, message="the refinement's marker")
         state = rig.store.load(tid)
@@ -156,10 +156,10 @@ def test_worker_sigterm_requeues_the_running_compaction_at_once(compaction_rig, 
                 stop_group(proc)
 
 
-def test_flower_binds_port_and_requires_basic_auth(settings, tmp_path):
+def test_flower_binds_port_and_requires_basic_auth(procfile, settings, tmp_path):
     port = free_port()
     log = tmp_path / "flower.log"
-    proc = start("flower", prod_env(settings, PORT=str(port), FLOWER_BASIC_AUTH="ops:flower-Pa55"), log)
+    proc = procfile.start("flower", prod_env(settings, PORT=str(port), FLOWER_BASIC_AUTH="ops:flower-Pa55"), log)
     try:
         anonymous = wait_http(f"http://127.0.0.1:{port}/api/workers", proc, log)
         assert anonymous.status_code == 401
@@ -178,20 +178,20 @@ def test_flower_binds_port_and_requires_basic_auth(settings, tmp_path):
         stop_group(proc)
 
 
-def test_flower_without_basic_auth_in_production_refuses(settings, tmp_path):
+def test_flower_without_basic_auth_in_production_refuses(procfile, settings, tmp_path):
     log = tmp_path / "flower.log"
-    proc = start("flower", prod_env(settings, PORT=str(free_port())), log)
+    proc = procfile.start("flower", prod_env(settings, PORT=str(free_port())), log)
     assert proc.wait(30) == 3
     assert log.read_text() == ("config error: FLOWER_BASIC_AUTH is not set: set FLOWER_BASIC_AUTH=user:password "
                                "(Flower refuses to start without it outside development)\n")
 
 
-def test_release_phase_checks_the_configuration(settings, tmp_path):
+def test_release_phase_checks_the_configuration(procfile, settings, tmp_path):
     log = tmp_path / "release.log"
-    ok = start("release", prod_env(settings), log)
+    ok = procfile.start("release", prod_env(settings), log)
     assert ok.wait(60) == 0
     assert log.read_text() == (f"config ok: APP_ENV=production, store {settings.redis_url}, model provider "
                                f"{settings.openai_base_url}, chat model fake-chat\n")
-    bad = start("release", prod_env(settings, SECRET_KEY=""), log)
+    bad = procfile.start("release", prod_env(settings, SECRET_KEY=""), log)
     assert bad.wait(60) == 3
     assert log.read_text().startswith("config error: SECRET_KEY is not set: set SECRET_KEY to at least 32 ")

@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from app.memory import compaction as domain
 from app.memory.state import ThreadMessage, ThreadState
 from app.memory.tokens import counter_for
@@ -49,6 +51,7 @@ def generated_turns(count: int = TURNS) -> list[str]:
 # ------------------------------------------------------------------------------------ the long replay
 
 
+@pytest.mark.slow  # about 10 s: a long conversation through the compaction service
 def test_a_long_english_and_chinese_conversation_loses_and_duplicates_no_turn(make_compaction_rig, fake_llm):
     fake_llm.default = ReplayFakeModel()
     rig = make_compaction_rig()
@@ -247,6 +250,7 @@ def test_kdconv_turns_alternate_speakers_and_the_loaders_select_and_cap(tmp_path
 # ------------------------------------------------------------------------------------ the command
 
 
+@pytest.mark.slow  # runs the benchmark as a command (python -m bench.replay)
 def test_the_command_replays_data_it_is_given_and_writes_a_report_and_plots(tmp_path, redis_url):
     data = tmp_path / "data"
     data.mkdir()

@@ -35,6 +35,7 @@ from app.store.redis_client import celery_broker_url, make_redis
 from chat_support.fake_llm import Reply
 from tests.fixtures.celery_worker import asked, history, record, seed_turns, thread_id_for, wait_until
 from chat_support.servers import free_port, port_open, stop
+from tests.fixtures.lanes import starts_processes
 
 ROOT = Path(__file__).resolve().parent.parent
 PASSWORD = "tls-Pa55word"
@@ -81,6 +82,7 @@ def start_tls_server(binary: str, workdir: Path, cert: Path, key: Path) -> tuple
 
 
 @pytest.fixture(scope="module")
+@starts_processes()
 def tls_redis(tmp_path_factory):
     """``(url, port, cert path)`` of a TLS-only Redis with a self-signed certificate and a password."""
     openssl = shutil.which("openssl")

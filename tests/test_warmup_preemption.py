@@ -26,6 +26,7 @@ import pytest
 from app.llm.cache_key import CACHE_HEADER, thread_cache_key
 from chat_support.servers import free_ports
 from scripts import slot_cache
+from tests.fixtures.lanes import starts_processes
 
 SECRET = "s" * 64
 SYSTEM = "You are a helpful assistant. Answer briefly."
@@ -47,6 +48,7 @@ def conversation(seed: int, turns: int = 24) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
+@starts_processes()
 def real(tmp_path_factory):
     """``(host, port, SlotCache)``: the proxy in this process before the real llama.cpp chat server."""
     from scripts import local_model, model_server
