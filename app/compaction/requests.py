@@ -27,12 +27,15 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from app.memory.compaction import compaction_due
 from app.store.compaction_markers import Activity
 from app.store.errors import StoreUnavailable
 from app.store.thread_store import ThreadStore
+
+if TYPE_CHECKING:
+    from app.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -53,12 +56,12 @@ ACTIVITY_MARGIN_SECONDS = 30
 """How much longer than ``LLM_TURN_TIMEOUT_SECONDS`` a ``streaming`` mark lives (a turn whose process died)."""
 
 
-def queued_marker_ttl(settings) -> int:
+def queued_marker_ttl(settings: Settings) -> int:
     """Seconds the marker lives from the request until the task starts (``COMPACTION_QUEUED_TTL_SECONDS``)."""
     return int(settings.compaction_queued_ttl)
 
 
-def running_marker_ttl(settings) -> int:
+def running_marker_ttl(settings: Settings) -> int:
     """Seconds a started attempt holds the marker: its hard time limit plus the queued TTL.
 
     The task releases the marker at its final outcome; the expiry only covers an attempt that
@@ -67,7 +70,7 @@ def running_marker_ttl(settings) -> int:
     return int(settings.compaction_time_limit + settings.compaction_queued_ttl)
 
 
-def retry_marker_ttl(settings, countdown: float) -> int:
+def retry_marker_ttl(settings: Settings, countdown: float) -> int:
     """Seconds a marker is held while its task waits ``countdown`` seconds (a retry's backoff, or a refinement
     waiting for the thread to be quiet): that wait, rounded up, plus the queued TTL."""
     return int(math.ceil(countdown) + settings.compaction_queued_ttl)
@@ -82,7 +85,7 @@ class CompactionRequests:
         send: publishes the task (``celery.send_task(TASK_NAME, args=[thread_id, version])``).
     """
 
-    def __init__(self, store: ThreadStore, settings, send: SendTask):
+    def __init__(self, store: ThreadStore, settings: Settings, send: SendTask) -> None:
         self.store = store
         self.settings = settings
         self.send = send

@@ -38,7 +38,7 @@ import logging
 import random
 import time
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 from celery.utils.time import get_exponential_backoff_interval
 
@@ -54,6 +54,12 @@ from app.store.thread_store import CompactionCommit, CorruptState, StoreUnavaila
 
 if TYPE_CHECKING:  # the layer above, for types only (docs/architecture.md)
     from app.extensions import Services
+    from app.llm.structured import StructuredAnswer
+    from app.memory.limits import MemoryLimits
+    from app.memory.recall import ArchivedTurn
+    from app.memory.tokens import TokenCounter
+    from app.settings import Settings
+    from app.store.compaction_markers import RefineStatus
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +83,7 @@ MESSAGE_FAILED = "Older turns could not be summarized. They are kept as they are
 MESSAGE_STALE = "Memory changed while summarizing. Nothing was lost."
 
 
-def retry_countdown(settings, retries: int) -> float:
+def retry_countdown(settings: Settings, retries: int) -> float:
     """Seconds before retry ``retries + 1``: Celery's exponential backoff with "equal jitter".
 
     ``interval`` is Celery's ``get_exponential_backoff_interval`` without its (whole-second) full jitter:
@@ -148,7 +154,7 @@ def _compose(services: Services, prepared: Prepared, answer: CompactionAnswer | 
 
 
 def _ask(services: Services, messages: list[dict], deadline: float, max_gist_chars: int,
-         calls: list[int] | None = None):
+         calls: list[int] | None = None) -> StructuredAnswer:
     """One structured model call, never past ``deadline`` (``time.monotonic()`` seconds).
 
     The schema sent bounds the gist to ``max_gist_chars`` (a grammar-constrained model cannot write more).
@@ -382,7 +388,8 @@ class RefineOutcome(CompactionOutcome):
     reschedule_in: float | None = None
 
 
-def refine_plan(state: ThreadState, turns, limits, counter, prompt_budget: int) -> CompactionPlan:
+def refine_plan(state: ThreadState, turns: Sequence[ArchivedTurn], limits: MemoryLimits, counter: TokenCounter,
+                prompt_budget: int) -> CompactionPlan:
     """A plan over archived turns (``ArchivedTurn``, oldest first) for the model's prompt: their messages
     as ``folded`` (each clipped, if need be, so the prompt fits), the stored messages as ``kept``."""
     from app.memory.state import ThreadMessage
@@ -439,7 +446,7 @@ def run_refinement(services: Services, thread_id: str, token: int, *, attempt: i
         return _retry_refinement(services, thread_id, token, attempt)
     calls: list[int] = []
 
-    def figures(**more) -> dict:
+    def figures(**more: int | float) -> dict:
         return {"step": STEP_REFINE, "attempt": attempt, "durationMs": int((time.monotonic() - started) * 1000),
                 "turnsRefined": len(turns), "modelCalls": len(calls), "promptTokens": sum(calls), **more}
 
@@ -465,7 +472,7 @@ def run_refinement(services: Services, thread_id: str, token: int, *, attempt: i
     return _settle_refinement(services, thread_id, token, committed, state, result, gave_up, figures(**more))
 
 
-def _refine_wait(settings, status) -> float | None:
+def _refine_wait(settings: Settings, status: RefineStatus) -> float | None:
     """Seconds the refinement waits (``status``: ``RefineStatus``), or None when it runs now: a turn streams
     (``STREAMING_POLL_SECONDS``), or one ended less than ``COMPACTION_IDLE_SECONDS`` ago with fewer than
     ``COMPACTION_REFINE_AFTER_FOLDS`` folds unrefined (what is left of that idle time, plus half a second)."""
@@ -584,7 +591,7 @@ def _record(services: Services, thread_id: str, outcome: Outcome, reason: Reason
     return entry
 
 
-def _publish(services: Services, thread_id: str, status: str, message: str, **numbers) -> None:
+def _publish(services: Services, thread_id: str, status: str, message: str, **numbers: object) -> None:
     """Publish ``{"type":"memory","status",...}`` on the thread's events channel (best effort)."""
     try:
         services.store.publish_event(thread_id, {"type": "memory", "status": status, "message": message, **numbers})

@@ -51,6 +51,7 @@ new input are never dropped (README: A turn).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Sequence
 
 from app.memory.recall import RECALL_FOOTER, RECALL_SHARE, ArchivedTurn, ArchiveIndex, format_recall, recall
 from app.memory.record import HEADER as RECORD_LINES_HEADER
@@ -147,7 +148,7 @@ def render_record(record: Record) -> tuple[str, str]:
     return body, RANGE_FORMAT.format(first=max(record.first_turn, 1), last=max(record.last_turn, 1))
 
 
-def format_summary(record: Record, notes=(), *, cut: int | None = None) -> str:
+def format_summary(record: Record, notes: Sequence[str] = (), *, cut: int | None = None) -> str:
     """The system message that carries the record: its current lines (``render_record``), the model's notes,
     then the record's turn range, framed as data.
 
@@ -177,7 +178,7 @@ def pins_prompt_tokens(pins: list[str], counter: TokenCounter) -> int:
     return counter.message("system", format_pins(pins)) if pins else 0
 
 
-def shortened_summary(record: Record, max_message_tokens: int, counter: TokenCounter, notes=()) -> str:
+def shortened_summary(record: Record, max_message_tokens: int, counter: TokenCounter, notes: Sequence[str] = ()) -> str:
     """The record message (``format_summary``) with the longest beginning of the record's body (plus `` …``)
     that costs at most ``max_message_tokens`` tokens; ``""`` when not even a few characters fit.  Never splits a
     character (binary search over character counts, each count cached)."""

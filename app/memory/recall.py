@@ -114,7 +114,8 @@ class _Scorer(BM25Plus):
     negative for a word in more than half of the documents, so the one archived turn of a young thread
     could never be recalled)."""
 
-    def __init__(self, doc_freqs: list[dict], doc_len: list[int], nd: dict, k1=1.5, b=0.75, delta=1.0):
+    def __init__(self, doc_freqs: list[dict], doc_len: list[int], nd: dict, k1: float = 1.5, b: float = 0.75,
+                 delta: float = 1.0) -> None:
         self.k1, self.b, self.delta = k1, b, delta
         self.corpus_size = len(doc_freqs)
         self.doc_freqs = doc_freqs

@@ -10,6 +10,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from typing import Container, Iterable, Sequence
 
 from app.memory.record import Record
 
@@ -28,7 +29,7 @@ def new_message_id() -> str:
     return "m_" + uuid.uuid4().hex
 
 
-def group_turns(messages) -> list[tuple["ThreadMessage", ...]]:
+def group_turns(messages: Iterable[ThreadMessage]) -> list[tuple[ThreadMessage, ...]]:
     """Whole turns of ``messages`` (oldest first): each user message with the assistant messages after it.
 
     A leading assistant message without its user message forms a turn of its own.
@@ -144,7 +145,7 @@ class ThreadState:
         return number_turns(self.turns(), self.folded_turns, self.forgotten_turns)
 
 
-def number_turns(turns, before: int, forgotten=()) -> list[int]:
+def number_turns(turns: Iterable[Sequence[ThreadMessage]], before: int, forgotten: Container[int] = ()) -> list[int]:
     """Numbers of whole ``turns`` (oldest first) when ``before`` person turns came earlier: each turn that
     opens with a person message takes the next number that is not a forgotten turn's (``forgotten``: a
     forgotten turn's number is never given again, so later turns keep theirs); one that does not keep the

@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 import logging
 import weakref
-from typing import Callable
+from typing import Any, Callable, Iterable
 
 import redis
 
@@ -61,7 +61,9 @@ def parse_member(member: str) -> ArchivedTurn | None:
         return None
 
 
-def _turns(members) -> list[ArchivedTurn]:
+def _turns(members: Iterable[Any]) -> list[ArchivedTurn]:
+    """The turns of a ``ZRANGE`` reply's members (text: the client decodes replies; redis-py's hint of the
+    reply also covers its ``WITHSCORES`` forms), unreadable members skipped."""
     return [t for t in (parse_member(m) for m in members) if t is not None]
 
 

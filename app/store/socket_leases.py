@@ -10,12 +10,16 @@ place by itself, so a process that dies leaves nothing behind for long.  Never m
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import redis
 
 from app.store.errors import ErrorGuard, StoreUnavailable
 from app.store.keys import ThreadKeys, client_sockets_key
 from app.store.scripts import lua_script
+
+if TYPE_CHECKING:
+    from app.store.redis_client import StoreClient
 
 
 @dataclass(frozen=True)
@@ -51,7 +55,7 @@ class SocketLeases:
     cannot count refuses no one).
     """
 
-    def __init__(self, client, guard: ErrorGuard):
+    def __init__(self, client: StoreClient, guard: ErrorGuard) -> None:
         self.redis = client
         self.guard = guard
         self._script = lua_script(client, "claim_socket.lua")

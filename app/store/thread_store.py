@@ -34,9 +34,10 @@ import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import redis
+from redis.commands.core import Script
 
 from app.memory.compaction.policy import hard_cap_messages
 from app.memory.final_turn import FinalTurn, prepare_final_turn
@@ -173,7 +174,7 @@ class ThreadStore:
         """The error hook (``guard.on_error``)."""
         return self.guard.on_error
 
-    def _write(self, script, keys: list[str], args: list):
+    def _write(self, script: Script, keys: list[str], args: list) -> Any:
         """Run a memory-writing script once (never retried); with ``wait_replicas``, also ``WAIT`` on the
         same connection.
 
@@ -183,7 +184,8 @@ class ThreadStore:
         """
         try:
             if not self.wait_replicas:
-                return script(keys=keys, args=args, client=self.writer)
+                # redis-py hints its own two client classes; a ClusterClient serves what Script calls.
+                return script(keys=keys, args=args, client=self.writer)  # type: ignore[arg-type]
             answer, acknowledged = run_script_and_wait(self.writer, script, keys, args,
                                                        replicas=self.wait_replicas, timeout_ms=self.wait_timeout_ms)
         except (redis.ConnectionError, redis.TimeoutError) as exc:

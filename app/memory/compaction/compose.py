@@ -40,6 +40,7 @@ from app.memory.compaction.policy import GAIN_SHARE, CompactionPlan, notes_token
 from app.memory.compaction.record import ABOUT, ASKED, ASSISTANT, PERSON, TOLD, FitStep, Record, RecordLine, \
     asked_line, asks, fit_record, mark_replaced, sentences, statement_lines
 from app.memory.context import format_pins, format_summary
+from app.memory.limits import MemoryLimits
 from app.memory.state import ThreadMessage, ThreadState, group_turns, number_turns
 from app.memory.words import key
 from app.memory.tokens import TokenCounter
@@ -179,7 +180,7 @@ def messages_cost(messages: Iterable[ThreadMessage], counter: TokenCounter) -> i
     return sum(counter.message(m.role, m.text) for m in messages)
 
 
-def compose(state: ThreadState, plan: CompactionPlan, answer: CompactionAnswer | None, *, limits,
+def compose(state: ThreadState, plan: CompactionPlan, answer: CompactionAnswer | None, *, limits: MemoryLimits,
             counter: TokenCounter, prompt_budget: int, require_gain: bool = True) -> CompactionResult:
     """Build what a compaction writes (see the module docstring).
 
@@ -291,7 +292,8 @@ def compose(state: ThreadState, plan: CompactionPlan, answer: CompactionAnswer |
     )
 
 
-def _without_asked_cost(fitted: Record, new_lines: Sequence[RecordLine], notes, pins, counter: TokenCounter,
+def _without_asked_cost(fitted: Record, new_lines: Sequence[RecordLine], notes: Sequence[str],
+                        pins: Sequence[str], counter: TokenCounter,
                         cost: int) -> int:
     """What memory costs without the ``Asked:`` lines this fold added (a model's gist stands in their place)."""
     asked = {id(line) for line in new_lines if line.kind == ASKED}
