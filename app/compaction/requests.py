@@ -30,6 +30,7 @@ import math
 from typing import TYPE_CHECKING, Callable
 
 from app.memory.compaction import compaction_due
+from app.memory.state import thread_label
 from app.store.compaction_markers import Activity
 from app.store.errors import StoreUnavailable
 from app.store.thread_store import ThreadStore
@@ -109,15 +110,15 @@ class CompactionRequests:
             if not self.store.mark_compaction_pending(thread_id, version, queued_marker_ttl(settings)):
                 return False
         except StoreUnavailable as exc:
-            log.warning("compaction for %s not requested: store unavailable (%s)", thread_id[:13], exc)
+            log.warning("compaction for %s not requested: store unavailable (%s)", thread_label(thread_id), exc)
             return False
         try:
             self.send(thread_id, int(version))
         except Exception as exc:
-            log.warning("compaction for %s not enqueued: %s", thread_id[:13], type(exc).__name__)
+            log.warning("compaction for %s not enqueued: %s", thread_label(thread_id), type(exc).__name__)
             self.release(thread_id, version)
             return False
-        log.info("compaction requested for %s at version %s", thread_id[:13], version)
+        log.info("compaction requested for %s at version %s", thread_label(thread_id), version)
         return True
 
     def turn_streaming(self, thread_id: str) -> None:
@@ -132,7 +133,7 @@ class CompactionRequests:
         try:
             self.store.markers.mark_activity(thread_id, activity, seconds)
         except Exception as exc:  # never changes a turn: a refinement may then start during it
-            log.warning("activity of %s not marked: %s", thread_id[:13], type(exc).__name__)
+            log.warning("activity of %s not marked: %s", thread_label(thread_id), type(exc).__name__)
 
     def request_refinement(self, thread_id: str, token: int, unrefined_folds: int, send: SendRefine | None) -> bool:
         """After an applied fold: ask for the model's part once (one pending refinement per thread).
@@ -155,15 +156,15 @@ class CompactionRequests:
                                                       refine=True):
                 return False
         except StoreUnavailable as exc:
-            log.warning("refinement for %s not requested: store unavailable (%s)", thread_id[:13], exc)
+            log.warning("refinement for %s not requested: store unavailable (%s)", thread_label(thread_id), exc)
             return False
         try:
             send(thread_id, int(token), countdown)
         except Exception as exc:
-            log.warning("refinement for %s not enqueued: %s", thread_id[:13], type(exc).__name__)
+            log.warning("refinement for %s not enqueued: %s", thread_label(thread_id), type(exc).__name__)
             self.release(thread_id, token, refine=True)
             return False
-        log.info("refinement requested for %s in %.0f s (%d folds without it)", thread_id[:13], countdown,
+        log.info("refinement requested for %s in %.0f s (%d folds without it)", thread_label(thread_id), countdown,
                  unrefined_folds)
         return True
 
@@ -173,14 +174,14 @@ class CompactionRequests:
         try:
             self.store.markers.block_compactions(thread_id, reason, self.settings.compaction_blocked_seconds)
         except StoreUnavailable as exc:
-            log.warning("compactions of %s not marked as blocked: %s", thread_id[:13], exc)
+            log.warning("compactions of %s not marked as blocked: %s", thread_label(thread_id), exc)
 
     def release(self, thread_id: str, version: int, *, refine: bool = False) -> None:
         """Release the pending marker if it still holds ``version`` (it expires otherwise)."""
         try:
             self.store.markers.release_compaction_marker(thread_id, version, refine=refine)
         except StoreUnavailable as exc:
-            log.warning("compaction marker for %s not released (it expires): %s", thread_id[:13], exc)
+            log.warning("compaction marker for %s not released (it expires): %s", thread_label(thread_id), exc)
 
     def hold(self, thread_id: str, version: int, seconds: int, *, refine: bool = False) -> bool:
         """Hold the marker of the task for ``version`` for ``seconds`` more (set again when it expired).
@@ -191,5 +192,5 @@ class CompactionRequests:
         try:
             return self.store.markers.hold_compaction_marker(thread_id, version, seconds, refine=refine)
         except StoreUnavailable as exc:
-            log.warning("compaction marker for %s not held (it expires): %s", thread_id[:13], exc)
+            log.warning("compaction marker for %s not held (it expires): %s", thread_label(thread_id), exc)
             return False

@@ -47,7 +47,7 @@ from app.llm.structured import answer_schema, strict_answer_schema
 from app.memory import compaction as domain
 from app.memory.compaction import CompactionAnswer, CompactionPlan, CompactionResult, Strategy
 from app.compaction.requests import STREAMING, SendRefine, retry_marker_ttl, running_marker_ttl
-from app.memory.state import ThreadState, utc_now_iso
+from app.memory.state import ThreadState, thread_label, utc_now_iso
 from app.store.compaction_history import HISTORY_MAX
 from app.store.compaction_outcome import Outcome, Reason, reason_of
 from app.store.thread_store import CompactionCommit, CorruptState, StoreUnavailable
@@ -197,7 +197,7 @@ def produce(services: Services, prepared: Prepared, *, deadline: float | None = 
     extractive = fallback or _compose(services, prepared, None)
     if settings.compaction_strategy == "extractive":
         return extractive
-    short = prepared.thread_id[:13]
+    short = thread_label(prepared.thread_id)
     max_gist = domain.gist_chars(extractive.room_tokens)
     if not max_gist:
         log.info("compaction for %s: no room for a gist (%d tokens); folding without the model",
@@ -272,7 +272,7 @@ def run_compaction(services: Services, thread_id: str, seen_version: int, *, att
     """
     settings = services.settings
     started = time.monotonic()
-    short = thread_id[:13]
+    short = thread_label(thread_id)
     can_retry = attempt < settings.compaction_max_retries
     requests = services.compaction_requests
 
@@ -368,14 +368,14 @@ def fold_at_cap(services: Services, thread_id: str) -> bool:
         result = _compose(services, prepared, None)
         committed = commit(services, prepared, result)
     except Exception as exc:  # a store failure, a corrupt thread, the fact guard: the turn says memory_full
-        log.warning("fold of %s at the hard cap failed: %s", thread_id[:13], type(exc).__name__)
+        log.warning("fold of %s at the hard cap failed: %s", thread_label(thread_id), type(exc).__name__)
         return False
     if committed.outcome == Outcome.APPLIED:
         _record(services, thread_id, Outcome.APPLIED, result.strategy,
                 {**_fold_figures(prepared, result, started, 0), "atCap": True, **dropped_figures(committed)})
         _publish(services, thread_id, "succeeded", MESSAGE_FOLDED, turnsFolded=prepared.plan.folded_turns,
                  step=STEP_FOLD)
-        log.info("fold of %s at the hard cap applied in the turn: folded %d turns", thread_id[:13],
+        log.info("fold of %s at the hard cap applied in the turn: folded %d turns", thread_label(thread_id),
                  prepared.plan.folded_turns)
     return True
 
@@ -435,7 +435,7 @@ def run_refinement(services: Services, thread_id: str, token: int, *, attempt: i
     wait = _refine_wait(settings, status)
     if wait is not None:
         requests.hold(thread_id, token, retry_marker_ttl(settings, wait), refine=True)
-        log.info("refinement of %s waits %.1f s: the thread is %s", thread_id[:13], wait, status.activity)
+        log.info("refinement of %s waits %.1f s: the thread is %s", thread_label(thread_id), wait, status.activity)
         return RefineOutcome(Outcome.SKIPPED, Reason.NOT_QUIET, reschedule_in=wait)
 
     unrefined = state.folded_turns - status.refined_turns
@@ -459,7 +459,8 @@ def run_refinement(services: Services, thread_id: str, token: int, *, attempt: i
             _publish(services, thread_id, "failed", MESSAGE_RETRYING, reason=gave_up, retrying=True,
                      step=STEP_REFINE)
             return _retry_refinement(services, thread_id, token, attempt, gave_up, entry)
-        log.warning("refinement of %s failed (%s); the turns stay as the folds wrote them", thread_id[:13], gave_up)
+        log.warning("refinement of %s failed (%s); the turns stay as the folds wrote them", thread_label(thread_id),
+                    gave_up)
     try:
         committed = services.store.apply_refinement(
             thread_id, expected_gen=state.gen, refined_turns=state.folded_turns,
@@ -502,7 +503,7 @@ def _refined(services: Services, thread_id: str, state: ThreadState, turns: list
     except Exception as exc:  # LLMError, a bad answer, a time limit, anything unexpected
         reason, retryable = _classify(exc)
         if not isinstance(exc, (LLMError, domain.InvalidCompactionOutput)) and reason != Reason.TIMEOUT:
-            log.exception("refinement of %s: unexpected error", thread_id[:13])
+            log.exception("refinement of %s: unexpected error", thread_label(thread_id))
         return None, (reason, retryable)
     return (None if result is fallback else result), None
 
@@ -522,7 +523,7 @@ def _settle_refinement(services: Services, thread_id: str, token: int, committed
     """After ``apply_refinement``: history, event, log and marker for an applied refinement (a failed one when
     the model gave up: the turns are marked refined without a gist) or a stale one (asked again after
     ``COMPACTION_IDLE_SECONDS``)."""
-    requests, short = services.compaction_requests, thread_id[:13]
+    requests, short = services.compaction_requests, thread_label(thread_id)
     if committed.outcome == Outcome.APPLIED and gave_up is not None:
         entry = _record(services, thread_id, Outcome.FAILED, gave_up, figures, cleared=state.cleared)
         _publish(services, thread_id, "failed", MESSAGE_FAILED, reason=gave_up, retrying=False, step=STEP_REFINE)
@@ -587,7 +588,7 @@ def _record(services: Services, thread_id: str, outcome: Outcome, reason: Reason
     try:
         services.store.history.record_compaction(thread_id, entry, HISTORY_MAX, cleared=cleared)
     except StoreUnavailable as exc:
-        log.warning("compaction history for %s not recorded: %s", thread_id[:13], exc)
+        log.warning("compaction history for %s not recorded: %s", thread_label(thread_id), exc)
     return entry
 
 
@@ -596,7 +597,7 @@ def _publish(services: Services, thread_id: str, status: str, message: str, **nu
     try:
         services.store.publish_event(thread_id, {"type": "memory", "status": status, "message": message, **numbers})
     except StoreUnavailable as exc:
-        log.warning("memory event for %s not published: %s", thread_id[:13], exc)
+        log.warning("memory event for %s not published: %s", thread_label(thread_id), exc)
 
 
 def _request_again_if_due(services: Services, thread_id: str) -> bool:

@@ -29,6 +29,16 @@ def new_message_id() -> str:
     return "m_" + uuid.uuid4().hex
 
 
+def thread_label(thread_id: str) -> str:
+    """A thread's short label for logs: the first 13 characters of its id, ``chat:`` and the first 8 hex characters
+    of the id's HMAC (``app.identity``; docs/contract.md: ThreadState).
+
+    32 bits tell the threads of one log apart, and a log line stays readable without the whole 69-character id,
+    which names the thread's keys in Redis.
+    """
+    return thread_id[:13]
+
+
 def group_turns(messages: Iterable[ThreadMessage]) -> list[tuple[ThreadMessage, ...]]:
     """Whole turns of ``messages`` (oldest first): each user message with the assistant messages after it.
 

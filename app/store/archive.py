@@ -38,7 +38,7 @@ import redis
 
 from app.memory.cache import ByteCache
 from app.memory.recall import ArchivedTurn, ArchiveIndex
-from app.memory.state import ThreadState
+from app.memory.state import ThreadState, thread_label
 from app.store.errors import CorruptState
 from app.store.keys import ThreadKeys
 from app.store.thread_store import ThreadStore
@@ -178,7 +178,7 @@ class Archive:
         else:
             self._remember(thread_id, index)
             return state, index
-        log.error("thread %s is corrupt: %s", thread_id[:13], corrupt)
+        log.error("thread %s is corrupt: %s", thread_label(thread_id), corrupt)
         raise corrupt
 
     def turn(self, thread_id: str, turn: int) -> ArchivedTurn | None:

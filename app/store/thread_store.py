@@ -43,7 +43,7 @@ from app.memory.compaction.policy import hard_cap_messages
 from app.memory.final_turn import FinalTurn, prepare_final_turn
 from app.memory.limits import MemoryLimits
 from app.memory.record import Record
-from app.memory.state import Pin, ThreadMessage, ThreadState
+from app.memory.state import Pin, ThreadMessage, ThreadState, thread_label
 from app.store.compaction_history import CompactionHistory, encode_entry
 from app.store.compaction_markers import CompactionMarkers, RefineStatus
 from app.store.compaction_outcome import Outcome, Reason, reason_of
@@ -236,7 +236,7 @@ class ThreadStore:
             exc = CorruptState("the state key is not a hash")
         except CorruptState as error:
             exc = error
-        log.error("thread %s is corrupt: %s", thread_id[:13], exc)
+        log.error("thread %s is corrupt: %s", thread_label(thread_id), exc)
         raise exc
 
     # -- writing -----------------------------------------------------------------------------
@@ -287,7 +287,7 @@ class ThreadStore:
             raise OutcomeUnknown(f"lost reply not settled: {lost}; {type(exc).__name__}") from exc
         version = int(raw[1] or 0)
         if assistant.id in ids or user.id in ids:
-            log.warning("commit on %s settled by reading back: %s", thread_id[:13],
+            log.warning("commit on %s settled by reading back: %s", thread_label(thread_id),
                         "written" if assistant.id in ids else "a duplicate")
             return CommitResult(assistant.id in ids, version, len(messages), (user, assistant), settled=True)
         self.guard.report("commit_messages")
@@ -336,7 +336,7 @@ class ThreadStore:
         except Unsettled as exc:
             return self._settle_clear(thread_id, before if isinstance(before, str) or before is None else str(before), exc)
         if repaired:
-            log.warning("clear repaired the corrupt thread %s", thread_id[:13])
+            log.warning("clear repaired the corrupt thread %s", thread_label(thread_id))
         return int(version)
 
     def _settle_clear(self, thread_id: str, before: str | None, lost: Unsettled) -> int:
@@ -348,7 +348,7 @@ class ThreadStore:
             self.guard.report("clear")
             raise OutcomeUnknown(f"lost reply not settled: {lost}; {type(exc).__name__}") from exc
         if cleared is not None and cleared != before:
-            log.warning("clear of %s settled by reading back: cleared", thread_id[:13])
+            log.warning("clear of %s settled by reading back: cleared", thread_label(thread_id))
             return int(version or 0)
         self.guard.report("clear")
         raise StoreUnavailable(f"lost reply settled by reading back: not cleared ({lost})")
@@ -447,7 +447,8 @@ class ThreadStore:
             self.guard.report("forget_turn")
             raise OutcomeUnknown(f"lost reply not settled: {lost}; {type(exc).__name__}") from exc
         applied = set(turns) <= set(forgotten_turns) and int(gen or 0) > expected_gen
-        log.warning("forget on %s settled by reading back: %s", thread_id[:13], "applied" if applied else "not applied")
+        log.warning("forget on %s settled by reading back: %s", thread_label(thread_id),
+                    "applied" if applied else "not applied")
         if applied:
             return ForgetCommit(True, int(version or 0), recent_removed=recent, settled=True)
         return ForgetCommit(False, settled=True)
@@ -462,7 +463,7 @@ class ThreadStore:
             self.guard.report("apply_compaction")
             raise OutcomeUnknown(f"lost reply not settled: {lost}; {type(exc).__name__}") from exc
         applied = str(gen or "0") == str(expected_gen + 1) and value == written
-        log.warning("compare-and-set on %s settled by reading back: %s", thread_id[:13],
+        log.warning("compare-and-set on %s settled by reading back: %s", thread_label(thread_id),
                     "applied" if applied else "not applied")
         if applied:
             return CompactionCommit(Outcome.APPLIED, int(version or 0), settled=True)
@@ -495,7 +496,8 @@ class ThreadStore:
             self.guard.report("set_pins")
             raise OutcomeUnknown(f"lost reply not settled: {lost}; {type(exc).__name__}") from exc
         applied = int(gen or 0) > expected_gen and values == [written[name] for name in names]
-        log.warning("pins of %s settled by reading back: %s", thread_id[:13], "applied" if applied else "not applied")
+        log.warning("pins of %s settled by reading back: %s", thread_label(thread_id),
+                    "applied" if applied else "not applied")
         return applied
 
     @guarded
