@@ -1,6 +1,6 @@
 """Asking for a compaction after a committed turn: due? then one pending marker, then the task by name.
 
-A compaction runs in two speeds (README: A compaction): the *fold* (``TASK_NAME``), asked here after
+A compaction runs in two speeds (docs/memory.md: A compaction): the *fold* (``TASK_NAME``), asked here after
 every commit that leaves more than ``MEMORY_RECENT_TURNS`` whole turns stored, moves the oldest
 turns into the record and the archive without a model; the *refinement* (``REFINE_TASK_NAME``),
 asked by an applied fold (``request_refinement``), adds the model's gist and notes later, when
@@ -16,7 +16,7 @@ commits with a compare-and-set).  Store or broker failures are logged and never
 reach the turn.
 
 The marker never outlives its task by more than ``COMPACTION_QUEUED_TTL_SECONDS``
-(README: Deployment): it expires that long after the request unless the task
+(docs/deployment.md): it expires that long after the request unless the task
 starts, which holds it for as long as the attempt may run (its hard time limit)
 plus that TTL again, and, before a retry, for the countdown plus that TTL.  A task
 lost with its broker therefore blocks the thread's compactions for at most the

@@ -1,6 +1,6 @@
 """A compaction in two speeds: the fold (no model, at once) and the refinement (the model, later, batched).
 
-README: A compaction.  Lifecycle of one **fold** (``run_compaction``, the task ``workers.compact_thread``,
+docs/memory.md: A compaction.  Lifecycle of one **fold** (``run_compaction``, the task ``workers.compact_thread``,
 asked after every commit that leaves more than ``MEMORY_RECENT_TURNS`` whole turns stored)::
 
     hold the marker for as long as the attempt may run ─► load the thread (never data from the task
@@ -70,7 +70,7 @@ RETRYABLE = frozenset({Reason.RATE_LIMITED, Reason.TIMEOUT, Reason.UNAVAILABLE, 
                        Reason.STORE_UNAVAILABLE})
 
 STEP_FOLD, STEP_REFINE = "fold", "refine"
-"""The ``step`` of a history entry and a memory event (README: A compaction)."""
+"""The ``step`` of a history entry and a memory event (docs/memory.md: A compaction)."""
 STREAMING_POLL_SECONDS = 5.0
 """How soon a refinement that found a turn streaming looks again (seconds; at most ``COMPACTION_IDLE_SECONDS``)."""
 REFINE_MAX_TURNS = 32
@@ -147,7 +147,7 @@ def prepare(services: Services, thread_id: str) -> Prepared | None:
 
 def _compose(services: Services, prepared: Prepared, answer: CompactionAnswer | None) -> CompactionResult:
     """``domain.compose`` with the process's limits: the gain rule for a model ``answer``; without one, a fold
-    that frees little still folds (README: A compaction)."""
+    that frees little still folds (docs/memory.md: A compaction)."""
     settings = services.settings
     return domain.compose(prepared.state, prepared.plan, answer, limits=settings.limits, counter=services.counter,
                           prompt_budget=settings.prompt_budget)
@@ -583,7 +583,7 @@ def _record(services: Services, thread_id: str, outcome: Outcome, reason: Reason
             cleared: int | None = None) -> dict:
     """Push one history entry (numbers and categories only), capped at ``HISTORY_MAX``; return it.  With
     ``cleared`` (the clear counter of the state the work read) nothing is recorded when the thread was cleared
-    since: a new conversation never lists the old one's work (README: New chat: clearing is final)."""
+    since: a new conversation never lists the old one's work (docs/memory.md: New chat: clearing is final)."""
     entry = {"at": int(time.time() * 1000), "outcome": outcome, "reason": reason, **figures}
     try:
         services.store.history.record_compaction(thread_id, entry, HISTORY_MAX, cleared=cleared)

@@ -1,4 +1,4 @@
-"""A per-process cache bounded in bytes (README: Performance, Each process's memory).
+"""A per-process cache bounded in bytes (docs/benchmarks.md: Performance, Each process's memory).
 
 ``ByteCache`` is a thread-safe least-recently-used mapping whose entries each carry a size in
 bytes, measured by the caller before the entry is made (``text_bytes`` for a text: the memory

@@ -19,7 +19,7 @@ changes as little as possible before the newest turns and a correction reads as 
   prompt: only the current value is presented (the record and the archive keep the
   earlier one; the page shows it).  With the bundled 0.5B model, a replaced value shown
   anywhere in the record, even under its own "replaced, not current" heading, is often
-  answered instead of the correction (``bench/corrections.py``: README, Performance);
+  answered instead of the correction (``bench/corrections.py``: docs/benchmarks.md: Performance);
 - then the model's notes (refined later than the fold), then the turn range
   ("(turns 1–8 of this conversation)"), which changes with every fold and so comes last.
 
@@ -45,7 +45,7 @@ excerpts, which change with every input, sit after that prefix.
 Messages the browser holds are never an input here.  When the prompt plus the
 reserved output would not fit the context window, the oldest whole turns are
 left out of the prompt (memory keeps them); the system prompt, the pins and the
-new input are never dropped (README: A turn).
+new input are never dropped (docs/memory.md: A turn).
 """
 
 from __future__ import annotations

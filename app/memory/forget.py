@@ -1,4 +1,4 @@
-"""What forgetting a turn changes in a thread's memory, in pure Python (README: "Forget and provenance";
+"""What forgetting a turn changes in a thread's memory, in pure Python (docs/memory.md: "Forget and provenance";
 docs/contract.md: Forget).
 
 A thread keeps a turn in four places: the recent messages, the archive of folded turns, the record

@@ -111,11 +111,11 @@ class ThreadState:
         notes: what a compaction's model proposed to remember (grounded, capped), oldest
             first; shown and sent apart from the person's pinned decisions.
         cleared: how many times the thread was cleared (the store's ``clr``; 0 for a thread never
-            cleared).  A turn commits only while it is unchanged (README: "How memory works").
+            cleared).  A turn commits only while it is unchanged (docs/memory.md: "New chat: clearing is final").
         folded_turns: how many person turns were folded into memory so far (the store's ``ft``; 0 for a
             thread never compacted): ``messages`` start at turn ``folded_turns + 1``.  Turn numbers are
             stable across compactions (docs/contract.md: Model context for a turn).
-        forgets: how many turns were forgotten so far (the store's ``fg``; README: "Forget and provenance").
+        forgets: how many turns were forgotten so far (the store's ``fg``; docs/memory.md: "Forget and provenance").
         forgotten_turns: the numbers of the forgotten turns (the store's ``fgt``), ascending.
     """
 

@@ -1,4 +1,4 @@
-"""How a turn ended, and what that means for memory and for the ``done`` frame (README: "A turn").
+"""How a turn ended, and what that means for memory and for the ``done`` frame (docs/memory.md: "A turn").
 
 ``TurnStatus`` is a ``str`` enum: its members are the very strings of frames, run records and
 accounting records, so ``TurnStatus.FINAL == "final"`` and JSON or Redis see the plain value.

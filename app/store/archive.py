@@ -1,4 +1,4 @@
-"""Reads of a thread's archive of folded turns (README: Recall; docs/contract.md: Model context for a turn).
+"""Reads of a thread's archive of folded turns (docs/memory.md: Recall; docs/contract.md: Model context for a turn).
 
 The archive is a sorted set per thread (``ThreadKeys.archive``, in the thread's hash
 slot, with the thread's TTL, deleted by a clear), written only by

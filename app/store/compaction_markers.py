@@ -1,5 +1,6 @@
 """A thread's compaction markers: the one pending fold, the one pending refinement, a block on folds, and the
-thread's activity (``app.store.keys``: ``mem:{hex}:compacting``, ``:refining``, ``:active``; README: A compaction).
+thread's activity (``app.store.keys``: ``mem:{hex}:compacting``, ``:refining``, ``:active``; docs/memory.md:
+A compaction).
 
 The values are typed here and nowhere else:
 

@@ -1,4 +1,4 @@
-"""What one client may take from the shared store and sockets (README: Deployment, "Budgets").
+"""What one client may take from the shared store and sockets (docs/deployment.md: "Budgets").
 
 - ``client_of(address, ipv6_prefix)``: the client a network address counts as (an IPv4 address; an IPv6
   address's network of ``CLIENT_IPV6_PREFIX`` bits; an IPv4-mapped IPv6 address is its IPv4 address),

@@ -8,7 +8,7 @@ degrades a request instead of hanging it.
 
 With ``REDIS_CLUSTER=1`` (``make_redis(url, cluster=True)``) the URL names one seed
 node and the client is a ``ClusterClient``: a ``redis.cluster.RedisCluster`` built on
-first use, whose every failure is a ``redis.RedisError`` (README: Scale-out).  Every
+first use, whose every failure is a ``redis.RedisError`` (docs/scale-out.md).  Every
 multi-key command and Lua script of the project touches one thread's keys, which
 share the hash tag ``{<thread hex>}`` and so one slot (``app.store.keys``).
 """
@@ -138,7 +138,7 @@ class ClusterClient:
             max_connections=max_connections, decode_responses=True, socket_timeout=socket_timeout,
             socket_connect_timeout=socket_timeout, health_check_interval=30,
             retry=Retry(NoBackoff(), CLUSTER_RETRIES),
-            # A slot without a master fails only the commands on that slot (README: Scale-out).
+            # A slot without a master fails only the commands on that slot (docs/scale-out.md).
             require_full_coverage=False,
         )
         if url.startswith("rediss://"):

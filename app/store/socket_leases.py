@@ -1,5 +1,5 @@
 """Leases of open websockets: one sorted set per owner, socket id -> lease end (Redis milliseconds), written only
-by ``lua/claim_socket.lua`` (README: Deployment, "Budgets").
+by ``lua/claim_socket.lua`` (docs/deployment.md: "Budgets").
 
 Two limits use them, through the one ``SocketLeases`` object: a session's open sockets (``WS_MAX_PER_SESSION``,
 ``LeaseOwner.session``: ``ws:{hex}:sockets``) and a network address's (``WS_MAX_PER_CLIENT``,

@@ -74,7 +74,7 @@ def _checked_message(data: object) -> ThreadMessage:
     return _checked_message_values(data["id"], data["role"], data["text"], data["createdAt"])
 
 
-@bytes_cached(32 * 1024 * 1024, 128 * 1024)  # README: Performance (each process's memory)
+@bytes_cached(32 * 1024 * 1024, 128 * 1024)  # docs/benchmarks.md: Performance (each process's memory)
 def _checked_message_values(id_: str, role: str, text: str, created_at: str) -> ThreadMessage:
     MESSAGE_SCHEMA.load({"id": id_, "role": role, "text": text, "createdAt": created_at})
     return ThreadMessage(id_, role, text, created_at)

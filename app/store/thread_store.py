@@ -141,7 +141,7 @@ class ThreadStore:
         wait_timeout_ms: the longest that wait, milliseconds (``MEMORY_WAIT_TIMEOUT_MS``).
 
     With a ``ClusterClient`` (``REDIS_CLUSTER=1``) every call goes to the master of the thread's
-    slot, and events are published with ``SPUBLISH`` (sharded pub/sub; README: Scale-out).
+    slot, and events are published with ``SPUBLISH`` (sharded pub/sub; docs/scale-out.md).
     """
 
     def __init__(self, client: StoreClient, limits: MemoryLimits, ttl_seconds: int, *, validate_reads: bool = True,
@@ -303,7 +303,7 @@ class ThreadStore:
         counter read then), a turn of a thread where a turn was forgotten meanwhile writes nothing (``forgotten``).
 
         Raises:
-            TurnRejected: the turn is not written (status, source or text; README: The boundary).
+            TurnRejected: the turn is not written (status, source or text; docs/memory.md: The boundary).
             StoreUnavailable: Redis failed.
         """
         user, assistant = prepare_final_turn(turn, delivery_max_chars=self.limits.delivery_final_max_chars)

@@ -16,7 +16,7 @@ the model's answer (or None for a fold without the model), it
    memory before (summary + notes + pins + folded turns) minus ``GAIN_SHARE`` of
    the folded turns, in prompt tokens; otherwise ``InvalidCompactionOutput``
    ``growth``.  The rule is a model answer's only: a fold without the model folds
-   even when that frees little (README: A compaction; the archive keeps every word);
+   even when that frees little (docs/memory.md: A compaction; the archive keeps every word);
 5. runs the **fact guard**: every fact of the previous summary and notes, of the
    person's folded messages and of the answer sentences kept must be in the new
    memory, unless the record policy let it go (counted in ``facts_dropped``).
@@ -192,7 +192,7 @@ def compose(state: ThreadState, plan: CompactionPlan, answer: CompactionAnswer |
         counter: the model's token counter.
         prompt_budget: tokens a prompt may use.
         require_gain: False: no gain rule for a model answer either.  A fold without the model
-            (``answer`` None) never applies it (README: A compaction): the turns are folded even when
+            (``answer`` None) never applies it (docs/memory.md: A compaction): the turns are folded even when
             that frees little (the archive keeps every word); the record still fits its own character
             and token limits.
 
