@@ -1,6 +1,6 @@
 """gunicorn settings read from the working directory by every ``gunicorn wsgi:app`` (Procfile, Procfile.dev).
 
-Prometheus multiprocess mode (README: Seeing what memory did): each worker process writes its metric
+Prometheus multiprocess mode (docs/memory.md: Seeing what memory did): each worker process writes its metric
 values to files in ``PROMETHEUS_MULTIPROC_DIR`` and ``/metrics`` served by any
 worker adds up all of them.  When the variable is unset a fresh private
 directory is made for this gunicorn master.  The directory's files are wiped
@@ -8,7 +8,7 @@ when the master starts (values of an earlier run are not this run's), and an
 exited worker's live gauges (open websockets) are dropped by ``child_exit``.
 
 The worker class is ``--worker-class`` (the Procfile: ``$WEB_WORKER_CLASS``, default ``gevent``;
-README: Performance).  For gevent the standard library is monkey-patched here, in the master, before
+docs/benchmarks.md: Performance).  For gevent the standard library is monkey-patched here, in the master, before
 ``--preload`` imports the app, so every lock, thread and socket the app makes is gevent's (gunicorn's
 own gevent worker patches only after the fork, when the preloaded app already holds real ones).
 
@@ -63,7 +63,7 @@ def child_exit(server, worker):
 # thread; without this a worker accepts sockets it cannot serve while another worker idles.
 # gevent: each holds a greenlet; the same bound keeps the sockets spread over the workers.
 # Websockets alone never take all of them: the app closes those beyond WS_MAX_PER_WORKER (fewer than
-# WEB_THREADS) with 1013, and idle ones after WS_IDLE_TIMEOUT_SECONDS (README: Deployment).
+# WEB_THREADS) with 1013, and idle ones after WS_IDLE_TIMEOUT_SECONDS (docs/deployment.md).
 worker_connections = int(os.environ.get("WEB_THREADS", "64"))
 if worker_class == "gthread":
     # With no more connections than threads gthread can keep no idle HTTP connection open: say so here
@@ -71,5 +71,5 @@ if worker_class == "gthread":
     keepalive = 0
 
 # The access log names the path, never the query string: a query can carry what a person typed (the forget
-# preview's ``?phrase=``), and logs never hold message text (README: Seeing what memory did).
+# preview's ``?phrase=``), and logs never hold message text (docs/memory.md: Seeing what memory did).
 access_log_format = '%(h)s %(l)s %(u)s %(t)s "%(m)s %(U)s %(H)s" %(s)s %(b)s "%(f)s" "%(a)s"'

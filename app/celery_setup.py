@@ -6,7 +6,7 @@ with self-signed certificates works); with ``REDIS_CLUSTER=1`` a separate broker
 cluster.  Folds (``TASK_NAME``) go to the ``compaction`` queue and refinements
 (``REFINE_TASK_NAME``, the model's part: tens of seconds with the bundled model) to the
 ``refine`` queue, each consumed by its own worker process (Procfile: ``worker`` and
-``refiner``), so a fold never waits behind a refinement (README: Deployment).  Tasks are
+``refiner``), so a fold never waits behind a refinement (docs/deployment.md).  Tasks are
 acknowledged late and rejected back to their queue when a worker dies, one at a time per
 worker process, with no result storage and with task events on so Flower shows them.
 
@@ -16,7 +16,7 @@ worker process, with no result storage and with task events on so Flower shows t
   each on a topic exchange, so a retry's countdown waits in RabbitMQ's delayed-delivery
   queues (Celery's native delayed delivery) instead of in a worker.  There is no
   visibility timeout: RabbitMQ hands an unacknowledged task to another worker as soon
-  as the worker's connection closes (README: Scale-out).
+  as the worker's connection closes (docs/scale-out.md).
 """
 
 from __future__ import annotations

@@ -111,7 +111,7 @@ class Services:
 
     @cached_property
     def quotas(self) -> Quotas:
-        """Per-client counters and the store's budget (README: Deployment, "Budgets")."""
+        """Per-client counters and the store's budget (docs/deployment.md: "Budgets")."""
         return Quotas(self.redis, redis_url=self.settings.redis_url, cluster=self.settings.redis_cluster)
 
     @cached_property

@@ -24,6 +24,7 @@ import redis
 import requests
 import websocket
 
+from app.memory.state import thread_label
 from app.store.keys import ThreadKeys
 from chat_support.fake_llm import FakeLLM, Reply
 from tests.fixtures.deployed_web import Visitor
@@ -75,7 +76,7 @@ def test_a_corrupt_thread_hydrates_empty_refuses_turns_and_new_chat_repairs_it(d
 
     hydrated = visitor.thread()
     assert (hydrated["messages"], hydrated["restored"], hydrated["pinnedDecisions"]) == ([], False, [])
-    assert f"ERROR app.store.thread_store: thread {thread['threadId'][:13]} is corrupt" in deployed.log_text()
+    assert f"ERROR app.store.thread_store: thread {thread_label(thread['threadId'])} is corrupt" in deployed.log_text()
 
     frames = chat.turn("second", timeout=30)
     assert [(f["type"], f.get("code")) for f in frames] == [("error", "memory_unreadable")]

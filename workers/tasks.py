@@ -17,6 +17,7 @@ from celery import shared_task, signals
 from app.compaction.requests import REFINE_TASK_NAME, TASK_NAME, SendRefine
 from app.compaction.service import run_compaction, run_refinement
 from app.extensions import services
+from app.memory.state import thread_label
 from app.observability.metrics import observe_compaction
 from app.store.compaction_outcome import Outcome
 
@@ -159,7 +160,7 @@ def refine_thread(self: Task, thread_id: str, token: int) -> str:
         try:
             _refine_sender(self.app)(thread_id, token, outcome.reschedule_in)
         except Exception as exc:  # the marker expires; the next fold asks again
-            log.warning("refinement of %s not rescheduled: %s", thread_id[:13], type(exc).__name__)
+            log.warning("refinement of %s not rescheduled: %s", thread_label(thread_id), type(exc).__name__)
             svc.compaction_requests.release(thread_id, token, refine=True)
         if outcome.outcome == Outcome.STALE:
             return STALE_RESULT

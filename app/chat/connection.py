@@ -36,6 +36,7 @@ from app.extensions import Services
 from app.llm.warmup import PromptWarmup
 from app.chat.turn import off_the_event_loop
 from app.memory.context import ContextTooLong, assemble_context
+from app.memory.state import thread_label
 from app.store.thread_store import CorruptState, StoreUnavailable
 
 if TYPE_CHECKING:
@@ -274,7 +275,7 @@ class CompactionWarmup:
         if frame.get("status") != "succeeded" or not self.services.settings.warms_prompts:
             return
         if self._busy():
-            log.debug("prompt warm-up of %s skipped: a turn is in flight", self.thread_id[:13])
+            log.debug("prompt warm-up of %s skipped: a turn is in flight", thread_label(self.thread_id))
             return
         self.thread = threading.Thread(target=self.run, name="prompt-warmup", daemon=True)
         self.thread.start()
@@ -299,7 +300,7 @@ class CompactionWarmup:
                 archive=archive, recall_share=0.0, fold_step=settings.fold_step,
                 answer_max_tokens=settings.prompt_answer_max_tokens))
         except (StoreUnavailable, CorruptState, ContextTooLong) as exc:
-            log.info("prompt warm-up of %s skipped: %s", self.thread_id[:13], type(exc).__name__)
+            log.info("prompt warm-up of %s skipped: %s", thread_label(self.thread_id), type(exc).__name__)
             return None
         return [m.to_openai() for m in context.prefix]
 
@@ -309,7 +310,7 @@ class CompactionWarmup:
             messages = self.prefix()
             if not messages or self._busy():
                 return False
-            return self.warmup.prefill(messages, label=f"of {self.thread_id[:13]}", thread_id=self.thread_id)
+            return self.warmup.prefill(messages, label=f"of {thread_label(self.thread_id)}", thread_id=self.thread_id)
         except Exception:
-            log.warning("prompt warm-up of %s failed", self.thread_id[:13], exc_info=True)
+            log.warning("prompt warm-up of %s failed", thread_label(self.thread_id), exc_info=True)
             return False

@@ -38,7 +38,7 @@ from app.memory.compaction import forms
 from app.memory.compaction.record import sentences
 from app.memory.context import AssembledContext, ContextTooLong, assemble_context
 from app.memory.final_turn import FinalTurn, TurnRejected
-from app.memory.state import ThreadState, new_message_id
+from app.memory.state import ThreadState, new_message_id, thread_label
 from app.memory.status import TurnStatus
 from app.runtime.chat import ChatProducer
 from app.runtime.producer import Producer, ProducerError, ProducerResult, TurnIO
@@ -276,7 +276,7 @@ class Turn(TurnIO):
             self.cleared_seen, self.forgets_seen = state.cleared, state.forgets
             return state
         except StoreUnavailable as exc:
-            log.warning("turn on %s uses empty memory: %s", self.thread_id[:13], type(exc).__name__)
+            log.warning("turn on %s uses empty memory: %s", thread_label(self.thread_id), type(exc).__name__)
             return ThreadState()
 
     def recall_share(self) -> float:
@@ -323,7 +323,7 @@ class Turn(TurnIO):
         try:
             self._run(context)
         except Exception:
-            log.exception("turn on %s crashed", self.thread_id[:13])
+            log.exception("turn on %s crashed", thread_label(self.thread_id))
             with self._lock:
                 if self._phase == STREAMING:
                     self.writer.error("internal", "Something went wrong. Please try again.")
@@ -343,7 +343,7 @@ class Turn(TurnIO):
             requests = self.services.compaction_requests
             (requests.turn_streaming if streaming else requests.turn_ended)(self.thread_id)
         except Exception:
-            log.debug("activity of %s not marked", self.thread_id[:13], exc_info=True)
+            log.debug("activity of %s not marked", thread_label(self.thread_id), exc_info=True)
 
     def _run(self, context: AssembledContext) -> None:
         settings = self.services.settings
@@ -358,7 +358,7 @@ class Turn(TurnIO):
         try:
             result = self.producer.run(self)
         except (LLMError, ProducerError) as exc:
-            log.info("turn on %s failed: %s", self.thread_id[:13], getattr(exc, "category", exc.code))
+            log.info("turn on %s failed: %s", thread_label(self.thread_id), getattr(exc, "category", exc.code))
             with self._lock:
                 if self._phase == STREAMING:
                     self.writer.error(exc.code, told_failure(exc.message, shown=bool(self._pieces)))
@@ -403,15 +403,15 @@ class Turn(TurnIO):
                 user_id=self.user_id, assistant_id=self.message_id), expected_cleared=self.cleared_seen,
                 expected_forgets=self.forgets_seen)
         except TurnRejected as exc:
-            log.warning("turn on %s not written: %s", self.thread_id[:13], exc.reason)
+            log.warning("turn on %s not written: %s", thread_label(self.thread_id), exc.reason)
             self.outcome.unsaved_reason = "rejected"
             return None
         except OutcomeUnknown:
-            log.error("turn on %s: commit's reply lost and not read back: saved unknown", self.thread_id[:13])
+            log.error("turn on %s: commit's reply lost and not read back: saved unknown", thread_label(self.thread_id))
             self.outcome.saved_unknown = True
             return None
         except StoreUnavailable:
-            log.error("turn on %s not written: store unavailable", self.thread_id[:13])
+            log.error("turn on %s not written: store unavailable", thread_label(self.thread_id))
             self.outcome.unsaved_reason = "store_unavailable"
             return None
         if commit.refused == "full" and not self._folded_at_cap:
@@ -420,11 +420,11 @@ class Turn(TurnIO):
                 return self._commit(result)
         self.outcome.committed = commit.appended
         if commit.cleared:
-            log.info("turn on %s not written: the thread was cleared after it started", self.thread_id[:13])
+            log.info("turn on %s not written: the thread was cleared after it started", thread_label(self.thread_id))
             self.outcome.cleared = True
             self.outcome.unsaved_reason = "thread_cleared"
         elif commit.refused in REFUSALS:  # docs/contract.md: the done frame
-            log.warning("turn on %s not written: %s", self.thread_id[:13], commit.refused)
+            log.warning("turn on %s not written: %s", thread_label(self.thread_id), commit.refused)
             self.outcome.unsaved_reason = REFUSALS[commit.refused]
             if commit.refused == "full":  # and folding here did not help: ask the worker again
                 self._request_compaction(commit, result)
@@ -441,7 +441,7 @@ class Turn(TurnIO):
                 self.thread_id, message_count=commit.message_count, uncompacted_tokens=uncompacted,
                 version=commit.version)
         except Exception:
-            log.exception("compaction request for %s failed", self.thread_id[:13])
+            log.exception("compaction request for %s failed", thread_label(self.thread_id))
 
     def _account(self) -> None:
         """Record the turn's token accounting once (observability; failures are logged only)."""
@@ -452,7 +452,7 @@ class Turn(TurnIO):
             from app.observability.accounting import record_turn
             record_turn(self.services, self.thread_id, self.outcome, state=self.state)
         except Exception:
-            log.warning("turn accounting for %s failed", self.thread_id[:13], exc_info=True)
+            log.warning("turn accounting for %s failed", thread_label(self.thread_id), exc_info=True)
 
 
 # ------------------------------------------------------------------------------------------ the prepare path's CPU

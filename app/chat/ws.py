@@ -26,6 +26,7 @@ from app.chat.turn import Turn
 from app.extensions import Services, services
 from app.identity import current_thread_id
 from app.memory.context import ContextTooLong
+from app.memory.state import thread_label
 from app.observability.metrics import count_refusal, websocket_closed, websocket_opened
 from app.runtime.producers import CommandError, choose_producer
 from app.store.quotas import client_of
@@ -121,7 +122,7 @@ def _claim_session_place(svc: Services, thread_id: str, socket_id: str) -> bool:
         return svc.sockets.claim(LeaseOwner.session(thread_id), socket_id, most=svc.settings.ws_max_per_session,
                                  lease_seconds=LEASE_SECONDS)
     except StoreUnavailable:
-        log.warning("socket limit of %s not checked: store unavailable", thread_id[:13])
+        log.warning("socket limit of %s not checked: store unavailable", thread_label(thread_id))
         return True
 
 
@@ -166,7 +167,7 @@ def _serve(ws: Server, writer: FrameWriter) -> None:
     socket_id = uuid.uuid4().hex
     refusal = _client_refusal(svc, address, socket_id)
     if refusal is not None:
-        log.info("websocket of %s refused: %s", thread_id[:13], refusal[1])
+        log.info("websocket of %s refused: %s", thread_label(thread_id), refusal[1])
         writer.close(*refusal, wait=0.5)
         return
     try:
@@ -179,7 +180,7 @@ def _serve_claimed(ws: Server, writer: FrameWriter, svc: Services, thread_id: st
                    socket_id: str) -> None:
     settings = svc.settings
     if not _claim_session_place(svc, thread_id, socket_id):
-        log.info("websocket of %s refused: %d open already", thread_id[:13], settings.ws_max_per_session)
+        log.info("websocket of %s refused: %d open already", thread_label(thread_id), settings.ws_max_per_session)
         count_refusal("ws_session")
         writer.close(CLOSE_SESSION_LIMIT, "too many open chats", wait=0.5)
         return
@@ -207,7 +208,7 @@ def _serve_claimed(ws: Server, writer: FrameWriter, svc: Services, thread_id: st
                 last_heard = now  # a person waiting for an answer is not idle
             idle_at = last_heard + settings.ws_idle_timeout
             if now >= idle_at:
-                log.info("websocket of %s closed: idle for %.0f s", thread_id[:13], settings.ws_idle_timeout)
+                log.info("websocket of %s closed: idle for %.0f s", thread_label(thread_id), settings.ws_idle_timeout)
                 writer.close(CLOSE_IDLE, "idle")
                 return
             data = ws.receive(timeout=max(0.05, min(idle_at, renew_at) - now))
@@ -256,7 +257,7 @@ def _turn_refusal(svc: Services, thread_id: str, address: str, *, spend: bool = 
             return ("store_full", "The service is full right now, so new conversations can't start. "
                                   "Please try again later.", None)
     except StoreUnavailable:
-        log.warning("turn quotas of %s not checked: store unavailable", thread_id[:13])
+        log.warning("turn quotas of %s not checked: store unavailable", thread_label(thread_id))
     return None
 
 

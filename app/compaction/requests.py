@@ -1,6 +1,6 @@
 """Asking for a compaction after a committed turn: due? then one pending marker, then the task by name.
 
-A compaction runs in two speeds (README: A compaction): the *fold* (``TASK_NAME``), asked here after
+A compaction runs in two speeds (docs/memory.md: A compaction): the *fold* (``TASK_NAME``), asked here after
 every commit that leaves more than ``MEMORY_RECENT_TURNS`` whole turns stored, moves the oldest
 turns into the record and the archive without a model; the *refinement* (``REFINE_TASK_NAME``),
 asked by an applied fold (``request_refinement``), adds the model's gist and notes later, when
@@ -16,7 +16,7 @@ commits with a compare-and-set).  Store or broker failures are logged and never
 reach the turn.
 
 The marker never outlives its task by more than ``COMPACTION_QUEUED_TTL_SECONDS``
-(README: Deployment): it expires that long after the request unless the task
+(docs/deployment.md): it expires that long after the request unless the task
 starts, which holds it for as long as the attempt may run (its hard time limit)
 plus that TTL again, and, before a retry, for the countdown plus that TTL.  A task
 lost with its broker therefore blocks the thread's compactions for at most the
@@ -27,12 +27,16 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from app.memory.compaction import compaction_due
+from app.memory.state import thread_label
 from app.store.compaction_markers import Activity
 from app.store.errors import StoreUnavailable
 from app.store.thread_store import ThreadStore
+
+if TYPE_CHECKING:
+    from app.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -53,12 +57,12 @@ ACTIVITY_MARGIN_SECONDS = 30
 """How much longer than ``LLM_TURN_TIMEOUT_SECONDS`` a ``streaming`` mark lives (a turn whose process died)."""
 
 
-def queued_marker_ttl(settings) -> int:
+def queued_marker_ttl(settings: Settings) -> int:
     """Seconds the marker lives from the request until the task starts (``COMPACTION_QUEUED_TTL_SECONDS``)."""
     return int(settings.compaction_queued_ttl)
 
 
-def running_marker_ttl(settings) -> int:
+def running_marker_ttl(settings: Settings) -> int:
     """Seconds a started attempt holds the marker: its hard time limit plus the queued TTL.
 
     The task releases the marker at its final outcome; the expiry only covers an attempt that
@@ -67,7 +71,7 @@ def running_marker_ttl(settings) -> int:
     return int(settings.compaction_time_limit + settings.compaction_queued_ttl)
 
 
-def retry_marker_ttl(settings, countdown: float) -> int:
+def retry_marker_ttl(settings: Settings, countdown: float) -> int:
     """Seconds a marker is held while its task waits ``countdown`` seconds (a retry's backoff, or a refinement
     waiting for the thread to be quiet): that wait, rounded up, plus the queued TTL."""
     return int(math.ceil(countdown) + settings.compaction_queued_ttl)
@@ -82,7 +86,7 @@ class CompactionRequests:
         send: publishes the task (``celery.send_task(TASK_NAME, args=[thread_id, version])``).
     """
 
-    def __init__(self, store: ThreadStore, settings, send: SendTask):
+    def __init__(self, store: ThreadStore, settings: Settings, send: SendTask) -> None:
         self.store = store
         self.settings = settings
         self.send = send
@@ -106,15 +110,15 @@ class CompactionRequests:
             if not self.store.mark_compaction_pending(thread_id, version, queued_marker_ttl(settings)):
                 return False
         except StoreUnavailable as exc:
-            log.warning("compaction for %s not requested: store unavailable (%s)", thread_id[:13], exc)
+            log.warning("compaction for %s not requested: store unavailable (%s)", thread_label(thread_id), exc)
             return False
         try:
             self.send(thread_id, int(version))
         except Exception as exc:
-            log.warning("compaction for %s not enqueued: %s", thread_id[:13], type(exc).__name__)
+            log.warning("compaction for %s not enqueued: %s", thread_label(thread_id), type(exc).__name__)
             self.release(thread_id, version)
             return False
-        log.info("compaction requested for %s at version %s", thread_id[:13], version)
+        log.info("compaction requested for %s at version %s", thread_label(thread_id), version)
         return True
 
     def turn_streaming(self, thread_id: str) -> None:
@@ -129,7 +133,7 @@ class CompactionRequests:
         try:
             self.store.markers.mark_activity(thread_id, activity, seconds)
         except Exception as exc:  # never changes a turn: a refinement may then start during it
-            log.warning("activity of %s not marked: %s", thread_id[:13], type(exc).__name__)
+            log.warning("activity of %s not marked: %s", thread_label(thread_id), type(exc).__name__)
 
     def request_refinement(self, thread_id: str, token: int, unrefined_folds: int, send: SendRefine | None) -> bool:
         """After an applied fold: ask for the model's part once (one pending refinement per thread).
@@ -152,15 +156,15 @@ class CompactionRequests:
                                                       refine=True):
                 return False
         except StoreUnavailable as exc:
-            log.warning("refinement for %s not requested: store unavailable (%s)", thread_id[:13], exc)
+            log.warning("refinement for %s not requested: store unavailable (%s)", thread_label(thread_id), exc)
             return False
         try:
             send(thread_id, int(token), countdown)
         except Exception as exc:
-            log.warning("refinement for %s not enqueued: %s", thread_id[:13], type(exc).__name__)
+            log.warning("refinement for %s not enqueued: %s", thread_label(thread_id), type(exc).__name__)
             self.release(thread_id, token, refine=True)
             return False
-        log.info("refinement requested for %s in %.0f s (%d folds without it)", thread_id[:13], countdown,
+        log.info("refinement requested for %s in %.0f s (%d folds without it)", thread_label(thread_id), countdown,
                  unrefined_folds)
         return True
 
@@ -170,14 +174,14 @@ class CompactionRequests:
         try:
             self.store.markers.block_compactions(thread_id, reason, self.settings.compaction_blocked_seconds)
         except StoreUnavailable as exc:
-            log.warning("compactions of %s not marked as blocked: %s", thread_id[:13], exc)
+            log.warning("compactions of %s not marked as blocked: %s", thread_label(thread_id), exc)
 
     def release(self, thread_id: str, version: int, *, refine: bool = False) -> None:
         """Release the pending marker if it still holds ``version`` (it expires otherwise)."""
         try:
             self.store.markers.release_compaction_marker(thread_id, version, refine=refine)
         except StoreUnavailable as exc:
-            log.warning("compaction marker for %s not released (it expires): %s", thread_id[:13], exc)
+            log.warning("compaction marker for %s not released (it expires): %s", thread_label(thread_id), exc)
 
     def hold(self, thread_id: str, version: int, seconds: int, *, refine: bool = False) -> bool:
         """Hold the marker of the task for ``version`` for ``seconds`` more (set again when it expired).
@@ -188,5 +192,5 @@ class CompactionRequests:
         try:
             return self.store.markers.hold_compaction_marker(thread_id, version, seconds, refine=refine)
         except StoreUnavailable as exc:
-            log.warning("compaction marker for %s not held (it expires): %s", thread_id[:13], exc)
+            log.warning("compaction marker for %s not held (it expires): %s", thread_label(thread_id), exc)
             return False

@@ -1,6 +1,6 @@
 """A compaction in two speeds: the fold (no model, at once) and the refinement (the model, later, batched).
 
-README: A compaction.  Lifecycle of one **fold** (``run_compaction``, the task ``workers.compact_thread``,
+docs/memory.md: A compaction.  Lifecycle of one **fold** (``run_compaction``, the task ``workers.compact_thread``,
 asked after every commit that leaves more than ``MEMORY_RECENT_TURNS`` whole turns stored)::
 
     hold the marker for as long as the attempt may run ─► load the thread (never data from the task
@@ -38,7 +38,7 @@ import logging
 import random
 import time
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 from celery.utils.time import get_exponential_backoff_interval
 
@@ -47,13 +47,19 @@ from app.llm.structured import answer_schema, strict_answer_schema
 from app.memory import compaction as domain
 from app.memory.compaction import CompactionAnswer, CompactionPlan, CompactionResult, Strategy
 from app.compaction.requests import STREAMING, SendRefine, retry_marker_ttl, running_marker_ttl
-from app.memory.state import ThreadState, utc_now_iso
+from app.memory.state import ThreadState, thread_label, utc_now_iso
 from app.store.compaction_history import HISTORY_MAX
 from app.store.compaction_outcome import Outcome, Reason, reason_of
 from app.store.thread_store import CompactionCommit, CorruptState, StoreUnavailable
 
 if TYPE_CHECKING:  # the layer above, for types only (docs/architecture.md)
     from app.extensions import Services
+    from app.llm.structured import StructuredAnswer
+    from app.memory.limits import MemoryLimits
+    from app.memory.recall import ArchivedTurn
+    from app.memory.tokens import TokenCounter
+    from app.settings import Settings
+    from app.store.compaction_markers import RefineStatus
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +70,7 @@ RETRYABLE = frozenset({Reason.RATE_LIMITED, Reason.TIMEOUT, Reason.UNAVAILABLE, 
                        Reason.STORE_UNAVAILABLE})
 
 STEP_FOLD, STEP_REFINE = "fold", "refine"
-"""The ``step`` of a history entry and a memory event (README: A compaction)."""
+"""The ``step`` of a history entry and a memory event (docs/memory.md: A compaction)."""
 STREAMING_POLL_SECONDS = 5.0
 """How soon a refinement that found a turn streaming looks again (seconds; at most ``COMPACTION_IDLE_SECONDS``)."""
 REFINE_MAX_TURNS = 32
@@ -77,7 +83,7 @@ MESSAGE_FAILED = "Older turns could not be summarized. They are kept as they are
 MESSAGE_STALE = "Memory changed while summarizing. Nothing was lost."
 
 
-def retry_countdown(settings, retries: int) -> float:
+def retry_countdown(settings: Settings, retries: int) -> float:
     """Seconds before retry ``retries + 1``: Celery's exponential backoff with "equal jitter".
 
     ``interval`` is Celery's ``get_exponential_backoff_interval`` without its (whole-second) full jitter:
@@ -141,14 +147,14 @@ def prepare(services: Services, thread_id: str) -> Prepared | None:
 
 def _compose(services: Services, prepared: Prepared, answer: CompactionAnswer | None) -> CompactionResult:
     """``domain.compose`` with the process's limits: the gain rule for a model ``answer``; without one, a fold
-    that frees little still folds (README: A compaction)."""
+    that frees little still folds (docs/memory.md: A compaction)."""
     settings = services.settings
     return domain.compose(prepared.state, prepared.plan, answer, limits=settings.limits, counter=services.counter,
                           prompt_budget=settings.prompt_budget)
 
 
 def _ask(services: Services, messages: list[dict], deadline: float, max_gist_chars: int,
-         calls: list[int] | None = None):
+         calls: list[int] | None = None) -> StructuredAnswer:
     """One structured model call, never past ``deadline`` (``time.monotonic()`` seconds).
 
     The schema sent bounds the gist to ``max_gist_chars`` (a grammar-constrained model cannot write more).
@@ -191,7 +197,7 @@ def produce(services: Services, prepared: Prepared, *, deadline: float | None = 
     extractive = fallback or _compose(services, prepared, None)
     if settings.compaction_strategy == "extractive":
         return extractive
-    short = prepared.thread_id[:13]
+    short = thread_label(prepared.thread_id)
     max_gist = domain.gist_chars(extractive.room_tokens)
     if not max_gist:
         log.info("compaction for %s: no room for a gist (%d tokens); folding without the model",
@@ -266,7 +272,7 @@ def run_compaction(services: Services, thread_id: str, seen_version: int, *, att
     """
     settings = services.settings
     started = time.monotonic()
-    short = thread_id[:13]
+    short = thread_label(thread_id)
     can_retry = attempt < settings.compaction_max_retries
     requests = services.compaction_requests
 
@@ -362,14 +368,14 @@ def fold_at_cap(services: Services, thread_id: str) -> bool:
         result = _compose(services, prepared, None)
         committed = commit(services, prepared, result)
     except Exception as exc:  # a store failure, a corrupt thread, the fact guard: the turn says memory_full
-        log.warning("fold of %s at the hard cap failed: %s", thread_id[:13], type(exc).__name__)
+        log.warning("fold of %s at the hard cap failed: %s", thread_label(thread_id), type(exc).__name__)
         return False
     if committed.outcome == Outcome.APPLIED:
         _record(services, thread_id, Outcome.APPLIED, result.strategy,
                 {**_fold_figures(prepared, result, started, 0), "atCap": True, **dropped_figures(committed)})
         _publish(services, thread_id, "succeeded", MESSAGE_FOLDED, turnsFolded=prepared.plan.folded_turns,
                  step=STEP_FOLD)
-        log.info("fold of %s at the hard cap applied in the turn: folded %d turns", thread_id[:13],
+        log.info("fold of %s at the hard cap applied in the turn: folded %d turns", thread_label(thread_id),
                  prepared.plan.folded_turns)
     return True
 
@@ -382,7 +388,8 @@ class RefineOutcome(CompactionOutcome):
     reschedule_in: float | None = None
 
 
-def refine_plan(state: ThreadState, turns, limits, counter, prompt_budget: int) -> CompactionPlan:
+def refine_plan(state: ThreadState, turns: Sequence[ArchivedTurn], limits: MemoryLimits, counter: TokenCounter,
+                prompt_budget: int) -> CompactionPlan:
     """A plan over archived turns (``ArchivedTurn``, oldest first) for the model's prompt: their messages
     as ``folded`` (each clipped, if need be, so the prompt fits), the stored messages as ``kept``."""
     from app.memory.state import ThreadMessage
@@ -428,7 +435,7 @@ def run_refinement(services: Services, thread_id: str, token: int, *, attempt: i
     wait = _refine_wait(settings, status)
     if wait is not None:
         requests.hold(thread_id, token, retry_marker_ttl(settings, wait), refine=True)
-        log.info("refinement of %s waits %.1f s: the thread is %s", thread_id[:13], wait, status.activity)
+        log.info("refinement of %s waits %.1f s: the thread is %s", thread_label(thread_id), wait, status.activity)
         return RefineOutcome(Outcome.SKIPPED, Reason.NOT_QUIET, reschedule_in=wait)
 
     unrefined = state.folded_turns - status.refined_turns
@@ -439,7 +446,7 @@ def run_refinement(services: Services, thread_id: str, token: int, *, attempt: i
         return _retry_refinement(services, thread_id, token, attempt)
     calls: list[int] = []
 
-    def figures(**more) -> dict:
+    def figures(**more: int | float) -> dict:
         return {"step": STEP_REFINE, "attempt": attempt, "durationMs": int((time.monotonic() - started) * 1000),
                 "turnsRefined": len(turns), "modelCalls": len(calls), "promptTokens": sum(calls), **more}
 
@@ -452,7 +459,8 @@ def run_refinement(services: Services, thread_id: str, token: int, *, attempt: i
             _publish(services, thread_id, "failed", MESSAGE_RETRYING, reason=gave_up, retrying=True,
                      step=STEP_REFINE)
             return _retry_refinement(services, thread_id, token, attempt, gave_up, entry)
-        log.warning("refinement of %s failed (%s); the turns stay as the folds wrote them", thread_id[:13], gave_up)
+        log.warning("refinement of %s failed (%s); the turns stay as the folds wrote them", thread_label(thread_id),
+                    gave_up)
     try:
         committed = services.store.apply_refinement(
             thread_id, expected_gen=state.gen, refined_turns=state.folded_turns,
@@ -465,7 +473,7 @@ def run_refinement(services: Services, thread_id: str, token: int, *, attempt: i
     return _settle_refinement(services, thread_id, token, committed, state, result, gave_up, figures(**more))
 
 
-def _refine_wait(settings, status) -> float | None:
+def _refine_wait(settings: Settings, status: RefineStatus) -> float | None:
     """Seconds the refinement waits (``status``: ``RefineStatus``), or None when it runs now: a turn streams
     (``STREAMING_POLL_SECONDS``), or one ended less than ``COMPACTION_IDLE_SECONDS`` ago with fewer than
     ``COMPACTION_REFINE_AFTER_FOLDS`` folds unrefined (what is left of that idle time, plus half a second)."""
@@ -495,7 +503,7 @@ def _refined(services: Services, thread_id: str, state: ThreadState, turns: list
     except Exception as exc:  # LLMError, a bad answer, a time limit, anything unexpected
         reason, retryable = _classify(exc)
         if not isinstance(exc, (LLMError, domain.InvalidCompactionOutput)) and reason != Reason.TIMEOUT:
-            log.exception("refinement of %s: unexpected error", thread_id[:13])
+            log.exception("refinement of %s: unexpected error", thread_label(thread_id))
         return None, (reason, retryable)
     return (None if result is fallback else result), None
 
@@ -515,7 +523,7 @@ def _settle_refinement(services: Services, thread_id: str, token: int, committed
     """After ``apply_refinement``: history, event, log and marker for an applied refinement (a failed one when
     the model gave up: the turns are marked refined without a gist) or a stale one (asked again after
     ``COMPACTION_IDLE_SECONDS``)."""
-    requests, short = services.compaction_requests, thread_id[:13]
+    requests, short = services.compaction_requests, thread_label(thread_id)
     if committed.outcome == Outcome.APPLIED and gave_up is not None:
         entry = _record(services, thread_id, Outcome.FAILED, gave_up, figures, cleared=state.cleared)
         _publish(services, thread_id, "failed", MESSAGE_FAILED, reason=gave_up, retrying=False, step=STEP_REFINE)
@@ -575,21 +583,21 @@ def _record(services: Services, thread_id: str, outcome: Outcome, reason: Reason
             cleared: int | None = None) -> dict:
     """Push one history entry (numbers and categories only), capped at ``HISTORY_MAX``; return it.  With
     ``cleared`` (the clear counter of the state the work read) nothing is recorded when the thread was cleared
-    since: a new conversation never lists the old one's work (README: New chat: clearing is final)."""
+    since: a new conversation never lists the old one's work (docs/memory.md: New chat: clearing is final)."""
     entry = {"at": int(time.time() * 1000), "outcome": outcome, "reason": reason, **figures}
     try:
         services.store.history.record_compaction(thread_id, entry, HISTORY_MAX, cleared=cleared)
     except StoreUnavailable as exc:
-        log.warning("compaction history for %s not recorded: %s", thread_id[:13], exc)
+        log.warning("compaction history for %s not recorded: %s", thread_label(thread_id), exc)
     return entry
 
 
-def _publish(services: Services, thread_id: str, status: str, message: str, **numbers) -> None:
+def _publish(services: Services, thread_id: str, status: str, message: str, **numbers: object) -> None:
     """Publish ``{"type":"memory","status",...}`` on the thread's events channel (best effort)."""
     try:
         services.store.publish_event(thread_id, {"type": "memory", "status": status, "message": message, **numbers})
     except StoreUnavailable as exc:
-        log.warning("memory event for %s not published: %s", thread_id[:13], exc)
+        log.warning("memory event for %s not published: %s", thread_label(thread_id), exc)
 
 
 def _request_again_if_due(services: Services, thread_id: str) -> bool:

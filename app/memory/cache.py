@@ -1,4 +1,4 @@
-"""A per-process cache bounded in bytes (README: Performance, Each process's memory).
+"""A per-process cache bounded in bytes (docs/benchmarks.md: Performance, Each process's memory).
 
 ``ByteCache`` is a thread-safe least-recently-used mapping whose entries each carry a size in
 bytes, measured by the caller before the entry is made (``text_bytes`` for a text: the memory
@@ -16,9 +16,10 @@ import functools
 import sys
 import threading
 from collections import OrderedDict
-from typing import Any, Callable, Generic, Hashable, Protocol, TypeVar, cast
+from typing import Any, Callable, Generic, Hashable, Protocol, TypeVar, cast, overload
 
 V = TypeVar("V")
+D = TypeVar("D")
 _MISSING = object()
 
 
@@ -53,7 +54,13 @@ class ByteCache(Generic[V]):
                 self._size -= self._data.pop(key)[1]
             self._evict()
 
-    def get(self, key: Hashable, default=None):
+    @overload
+    def get(self, key: Hashable) -> V | None: ...
+
+    @overload
+    def get(self, key: Hashable, default: D) -> V | D: ...
+
+    def get(self, key: Hashable, default: object = None) -> object:
         """The value kept for ``key`` (now the most recently used), or ``default``."""
         with self._lock:
             entry = self._data.get(key)
@@ -92,7 +99,7 @@ class ByteCache(Generic[V]):
             if old is not None:
                 self._size -= old[1]
 
-    def discard_where(self, predicate) -> int:
+    def discard_where(self, predicate: Callable[[Any], bool]) -> int:
         """Forget every entry whose key satisfies ``predicate(key)``; return how many went."""
         with self._lock:
             gone = [k for k in self._data if predicate(k)]
@@ -145,7 +152,7 @@ def bytes_cached(max_bytes: int, max_entry_bytes: int | None = None,
     def decorate(fn: Callable[..., Any]) -> BytesCached:
         cache: ByteCache = ByteCache(max_bytes, max_entry_bytes)
 
-        def wrapper(*args):
+        def wrapper(*args: Hashable) -> Any:
             found = cache.get(args, _MISSING)
             if found is not _MISSING:
                 return found

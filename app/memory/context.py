@@ -19,7 +19,7 @@ changes as little as possible before the newest turns and a correction reads as 
   prompt: only the current value is presented (the record and the archive keep the
   earlier one; the page shows it).  With the bundled 0.5B model, a replaced value shown
   anywhere in the record, even under its own "replaced, not current" heading, is often
-  answered instead of the correction (``bench/corrections.py``: README, Performance);
+  answered instead of the correction (``bench/corrections.py``: docs/benchmarks.md: Performance);
 - then the model's notes (refined later than the fold), then the turn range
   ("(turns 1–8 of this conversation)"), which changes with every fold and so comes last.
 
@@ -45,12 +45,13 @@ excerpts, which change with every input, sit after that prefix.
 Messages the browser holds are never an input here.  When the prompt plus the
 reserved output would not fit the context window, the oldest whole turns are
 left out of the prompt (memory keeps them); the system prompt, the pins and the
-new input are never dropped (README: A turn).
+new input are never dropped (docs/memory.md: A turn).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Sequence
 
 from app.memory.recall import RECALL_FOOTER, RECALL_SHARE, ArchivedTurn, ArchiveIndex, format_recall, recall
 from app.memory.record import HEADER as RECORD_LINES_HEADER
@@ -147,7 +148,7 @@ def render_record(record: Record) -> tuple[str, str]:
     return body, RANGE_FORMAT.format(first=max(record.first_turn, 1), last=max(record.last_turn, 1))
 
 
-def format_summary(record: Record, notes=(), *, cut: int | None = None) -> str:
+def format_summary(record: Record, notes: Sequence[str] = (), *, cut: int | None = None) -> str:
     """The system message that carries the record: its current lines (``render_record``), the model's notes,
     then the record's turn range, framed as data.
 
@@ -177,7 +178,7 @@ def pins_prompt_tokens(pins: list[str], counter: TokenCounter) -> int:
     return counter.message("system", format_pins(pins)) if pins else 0
 
 
-def shortened_summary(record: Record, max_message_tokens: int, counter: TokenCounter, notes=()) -> str:
+def shortened_summary(record: Record, max_message_tokens: int, counter: TokenCounter, notes: Sequence[str] = ()) -> str:
     """The record message (``format_summary``) with the longest beginning of the record's body (plus `` …``)
     that costs at most ``max_message_tokens`` tokens; ``""`` when not even a few characters fit.  Never splits a
     character (binary search over character counts, each count cached)."""

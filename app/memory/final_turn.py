@@ -3,7 +3,7 @@
 A finished turn comes from a producer (plain chat, a tool call, an MCP-style
 resource read, the task-list agent, the delivery workflow).  Only what the
 person was finally told is remembered: the user's text and the final assistant
-text, trimmed (``docs/contract.md``, ThreadState; README: "The boundary: what
+text, trimmed (``docs/contract.md``, ThreadState; docs/memory.md: "The boundary: what
 enters memory").  Which statuses are written is ``TurnStatus.writes_memory``.
 """
 

@@ -1,4 +1,4 @@
-"""What forgetting a turn changes in a thread's memory, in pure Python (README: "Forget and provenance";
+"""What forgetting a turn changes in a thread's memory, in pure Python (docs/memory.md: "Forget and provenance";
 docs/contract.md: Forget).
 
 A thread keeps a turn in four places: the recent messages, the archive of folded turns, the record
@@ -30,7 +30,7 @@ from typing import Collection, Iterable, Sequence
 
 from app.memory.words import tokens as tokenize
 from app.memory.record import Record, RecordLine
-from app.memory.state import ThreadState
+from app.memory.state import ThreadMessage, ThreadState
 
 _ID_PARTS_RE = re.compile(r"[-_./:#@]")
 
@@ -123,7 +123,7 @@ class ForgetPlan:
     turns: tuple[int, ...] = ()
 
 
-def recent_turn(state: ThreadState, turn: int):
+def recent_turn(state: ThreadState, turn: int) -> tuple[ThreadMessage, ...]:
     """The messages of turn ``turn`` among the recent ones (a tuple; empty when not there)."""
     return tuple(m for msgs, n in zip(state.turns(), state.turn_numbers()) for m in msgs if n == turn)
 

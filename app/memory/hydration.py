@@ -36,7 +36,7 @@ class ForbiddenKeyError(ValueError):
         self.path = path
 
 
-def find_forbidden_key(value, path: str = "$") -> str | None:
+def find_forbidden_key(value: object, path: str = "$") -> str | None:
     """Return the path of the first forbidden key in a JSON-like value, or None."""
     if isinstance(value, dict):
         for key, item in value.items():
@@ -54,7 +54,7 @@ def find_forbidden_key(value, path: str = "$") -> str | None:
     return None
 
 
-def assert_no_forbidden_keys(value) -> None:
+def assert_no_forbidden_keys(value: object) -> None:
     """Raise ``ForbiddenKeyError`` naming the first forbidden key found in ``value``."""
     found = find_forbidden_key(value)
     if found:

@@ -1,4 +1,4 @@
-"""Recall of folded turns: lexical retrieval over the thread's archive (README: How memory works, Recall).
+"""Recall of folded turns: lexical retrieval over the thread's archive (docs/memory.md: Recall).
 
 Every folded turn stays in the thread's archive (``app.store.archive``: the person's
 message and the answer as committed, numbered by turn).  For each new message,
@@ -20,7 +20,7 @@ counts, postings and document frequencies maintained as turns come and go, so a
 query scores only the turns that share a token with it (``BM25Plus.get_batch_scores``)
 and adding a compaction's turns costs only those turns' tokenisation.
 
-CPU budget (README: Recall): tokenising is linear in the text; one message scores with at most
+CPU budget (docs/memory.md: Recall): tokenising is linear in the text; one message scores with at most
 ``MAX_QUERY_TOKENS`` of its tokens, at most ``MAX_CANDIDATES`` turns, and examines at most
 ``MAX_STEPS`` ranked turns.
 """
@@ -114,7 +114,8 @@ class _Scorer(BM25Plus):
     negative for a word in more than half of the documents, so the one archived turn of a young thread
     could never be recalled)."""
 
-    def __init__(self, doc_freqs: list[dict], doc_len: list[int], nd: dict, k1=1.5, b=0.75, delta=1.0):
+    def __init__(self, doc_freqs: list[dict], doc_len: list[int], nd: dict, k1: float = 1.5, b: float = 0.75,
+                 delta: float = 1.0) -> None:
         self.k1, self.b, self.delta = k1, b, delta
         self.corpus_size = len(doc_freqs)
         self.doc_freqs = doc_freqs

@@ -97,7 +97,7 @@ class RecordLine:
         return {"kind": self.kind, "text": self.text, "turn": self.turn or None, "replacedBy": self.replaced_by or None}
 
     @classmethod
-    def from_dict(cls, data) -> "RecordLine":
+    def from_dict(cls, data: object) -> "RecordLine":
         """The line of a stored ``to_dict`` form.
 
         Raises:
@@ -114,7 +114,7 @@ class RecordLine:
         return cls(LineKind(kind), text, _turn(data.get("turn")), _turn(data.get("replacedBy")))
 
 
-def _turn(value) -> int:
+def _turn(value: object) -> int:
     if value is None:
         return 0
     if type(value) is not int or value < 1:
@@ -157,7 +157,7 @@ class Record:
         return json.dumps({"fmt": FORMAT_VERSION, **self.to_dict()}, ensure_ascii=False, separators=(",", ":"))
 
     @classmethod
-    def from_dict(cls, data) -> "Record":
+    def from_dict(cls, data: object) -> "Record":
         """The record of a stored form of ``FORMAT_VERSION`` (``fmt`` included or not).
 
         Raises:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from datetime import datetime
 from functools import lru_cache
+from typing import Any
 
 from marshmallow import RAISE, Schema, ValidationError, fields, validate, validates_schema
 
@@ -56,7 +57,7 @@ class MessageSchema(_Strict):
 class _Limited(_Strict):
     """A schema whose limits are given at construction (marshmallow 4 has no ``context``)."""
 
-    def __init__(self, *, summary_max_chars: int, pinned_max: int, pinned_max_chars: int, **kwargs):
+    def __init__(self, *, summary_max_chars: int, pinned_max: int, pinned_max_chars: int, **kwargs: Any) -> None:
         self.summary_max_chars = summary_max_chars
         self.pinned_max = pinned_max
         self.pinned_max_chars = pinned_max_chars
@@ -102,13 +103,13 @@ class StoredStateSchema(_Limited):
     notes = fields.List(fields.String(), load_default=list)
     lastCompactedAt = fields.String(load_default=None, allow_none=True, validate=_iso_utc)
 
-    def __init__(self, *, notes_max: int = 8, note_max_chars: int = 200, **kwargs):
+    def __init__(self, *, notes_max: int = 8, note_max_chars: int = 200, **kwargs: Any) -> None:
         self.notes_max = notes_max
         self.note_max_chars = note_max_chars
         super().__init__(**kwargs)
 
     @validates_schema
-    def _limits(self, data, **kwargs):
+    def _limits(self, data: dict[str, Any], **kwargs: Any) -> None:
         errors: dict = {}
         self._check_summary(data.get("summary"), errors)
         person = [p["text"] for p in data.get("pins", []) if p["by"] == PINNED_BY_PERSON]

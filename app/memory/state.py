@@ -10,6 +10,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from typing import Container, Iterable, Sequence
 
 from app.memory.record import Record
 
@@ -28,7 +29,17 @@ def new_message_id() -> str:
     return "m_" + uuid.uuid4().hex
 
 
-def group_turns(messages) -> list[tuple["ThreadMessage", ...]]:
+def thread_label(thread_id: str) -> str:
+    """A thread's short label for logs: the first 13 characters of its id, ``chat:`` and the first 8 hex characters
+    of the id's HMAC (``app.identity``; docs/contract.md: ThreadState).
+
+    32 bits tell the threads of one log apart, and a log line stays readable without the whole 69-character id,
+    which names the thread's keys in Redis.
+    """
+    return thread_id[:13]
+
+
+def group_turns(messages: Iterable[ThreadMessage]) -> list[tuple[ThreadMessage, ...]]:
     """Whole turns of ``messages`` (oldest first): each user message with the assistant messages after it.
 
     A leading assistant message without its user message forms a turn of its own.
@@ -100,11 +111,11 @@ class ThreadState:
         notes: what a compaction's model proposed to remember (grounded, capped), oldest
             first; shown and sent apart from the person's pinned decisions.
         cleared: how many times the thread was cleared (the store's ``clr``; 0 for a thread never
-            cleared).  A turn commits only while it is unchanged (README: "How memory works").
+            cleared).  A turn commits only while it is unchanged (docs/memory.md: "New chat: clearing is final").
         folded_turns: how many person turns were folded into memory so far (the store's ``ft``; 0 for a
             thread never compacted): ``messages`` start at turn ``folded_turns + 1``.  Turn numbers are
             stable across compactions (docs/contract.md: Model context for a turn).
-        forgets: how many turns were forgotten so far (the store's ``fg``; README: "Forget and provenance").
+        forgets: how many turns were forgotten so far (the store's ``fg``; docs/memory.md: "Forget and provenance").
         forgotten_turns: the numbers of the forgotten turns (the store's ``fgt``), ascending.
     """
 
@@ -144,7 +155,7 @@ class ThreadState:
         return number_turns(self.turns(), self.folded_turns, self.forgotten_turns)
 
 
-def number_turns(turns, before: int, forgotten=()) -> list[int]:
+def number_turns(turns: Iterable[Sequence[ThreadMessage]], before: int, forgotten: Container[int] = ()) -> list[int]:
     """Numbers of whole ``turns`` (oldest first) when ``before`` person turns came earlier: each turn that
     opens with a person message takes the next number that is not a forgotten turn's (``forgotten``: a
     forgotten turn's number is never given again, so later turns keep theirs); one that does not keep the

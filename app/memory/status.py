@@ -1,4 +1,4 @@
-"""How a turn ended, and what that means for memory and for the ``done`` frame (README: "A turn").
+"""How a turn ended, and what that means for memory and for the ``done`` frame (docs/memory.md: "A turn").
 
 ``TurnStatus`` is a ``str`` enum: its members are the very strings of frames, run records and
 accounting records, so ``TurnStatus.FINAL == "final"`` and JSON or Redis see the plain value.
@@ -17,7 +17,7 @@ accounting records, so ``TurnStatus.FINAL == "final"`` and JSON or Redis see the
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Self
+from typing import Any, Self
 
 
 class Vocabulary(StrEnum):
@@ -25,7 +25,7 @@ class Vocabulary(StrEnum):
     ``Reason``): a member equals its plain string."""
 
     @classmethod
-    def parse(cls, value) -> Self | None:
+    def parse(cls, value: Any) -> Self | None:
         """The member whose value is ``value`` (a ``str``), or None for anything else (never raises)."""
         try:
             return cls(value)
@@ -58,7 +58,7 @@ class TurnStatus(Vocabulary):
 _WRITTEN = frozenset({TurnStatus.COMPLETED, TurnStatus.FINAL, TurnStatus.BLOCKED})
 
 
-def writes_memory(value) -> bool:
+def writes_memory(value: str | None) -> bool:
     """True when ``value`` (a status string, or None) names a status that writes memory."""
     status = TurnStatus.parse(value)
     return status is not None and status.writes_memory

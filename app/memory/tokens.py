@@ -10,11 +10,11 @@ Prompt tokens follow OpenAI's chat accounting: each message costs
 ``MESSAGE_OVERHEAD`` tokens plus its role and content, and the reply is primed
 with ``REPLY_PRIMING`` tokens.
 
-The cache of counts (``TokenCounter``) is bounded in bytes (``TOKEN_CACHE_MAX_BYTES``): a text is
-measured (``sys.getsizeof``, O(1)) before it is counted, a text larger than ``CACHE_ENTRY_MAX_BYTES``
-is counted without being kept, and ``forget`` drops a text that was refused (README: Performance).  The cache is
-keyed by a digest of the text (``text_digest``: 16 bytes of BLAKE2b), never the text itself, so no message's
-words stay in a process's memory after the thread forgets them (README: "Forget and provenance").
+The cache of counts (``TokenCounter``) is bounded in bytes (``TOKEN_CACHE_MAX_BYTES``): a text is measured
+(``sys.getsizeof``, O(1)) before it is counted, a text larger than ``CACHE_ENTRY_MAX_BYTES`` is counted without
+being kept, and ``forget`` drops a text that was refused (docs/benchmarks.md: Performance).  The cache is keyed by a
+digest of the text (``text_digest``: 16 bytes of BLAKE2b), never the text itself, so no message's words stay in a
+process's memory after the thread forgets them (docs/memory.md: "Forget and provenance").
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
-from app.memory.state import utc_now_iso
+from app.memory.state import thread_label, utc_now_iso
 from app.observability import metrics
 from app.store.compaction_history import HISTORY_MAX, HistoryStep
 from app.store.keys import ThreadKeys
@@ -135,7 +135,7 @@ def log_prompt(thread_id: str, context: AssembledContext | None, *, message_id: 
     """Log an assembled prompt at DEBUG: per message origin, role, characters, tokens, SHA-256 prefix.
 
     Args:
-        thread_id: the thread (only its first 13 characters are logged).
+        thread_id: the thread (only its label, ``thread_label``, is logged).
         context: the ``AssembledContext``.
         message_id: the assistant message id of the turn.
         include_text: also log each message's text (``settings.debug_log_content``).
@@ -144,7 +144,7 @@ def log_prompt(thread_id: str, context: AssembledContext | None, *, message_id: 
         return
     sections = " ".join(f"{k}={v}" for k, v in context.sections.items())
     log.debug("prompt of %s on %s: %d messages, %d tokens of %d (%s), %d turns dropped", message_id,
-              thread_id[:13], len(context.messages), context.prompt_tokens, context.budget, sections,
+              thread_label(thread_id), len(context.messages), context.prompt_tokens, context.budget, sections,
               context.dropped_turns)
     for i, m in enumerate(context.messages):
         if include_text:

@@ -22,6 +22,7 @@ import logging
 from typing import Any
 
 from app.llm.provider import LLMError
+from app.memory.state import thread_label
 from app.memory.status import TurnStatus
 from app.runtime import capabilities
 from app.runtime.budget import Room
@@ -49,7 +50,7 @@ class ToolChatProducer:
         room = Room(counter, io.context.budget, io.context.prompt_tokens)
         specs_cost = room.cost(specs)
         if specs_cost > room.left:
-            log.info("turn on %s without tools: no room in the context", io.thread_id[:13])
+            log.info("turn on %s without tools: no room in the context", thread_label(io.thread_id))
             return ChatProducer().run(io)
         room.take(specs_cost)
         messages = io.context.to_openai()

@@ -1,4 +1,4 @@
-"""Reads of a thread's archive of folded turns (README: Recall; docs/contract.md: Model context for a turn).
+"""Reads of a thread's archive of folded turns (docs/memory.md: Recall; docs/contract.md: Model context for a turn).
 
 The archive is a sorted set per thread (``ThreadKeys.archive``, in the thread's hash
 slot, with the thread's TTL, deleted by a clear), written only by
@@ -32,13 +32,13 @@ from __future__ import annotations
 import json
 import logging
 import weakref
-from typing import Callable
+from typing import Any, Callable, Iterable
 
 import redis
 
 from app.memory.cache import ByteCache
 from app.memory.recall import ArchivedTurn, ArchiveIndex
-from app.memory.state import ThreadState
+from app.memory.state import ThreadState, thread_label
 from app.store.errors import CorruptState
 from app.store.keys import ThreadKeys
 from app.store.thread_store import ThreadStore
@@ -61,7 +61,9 @@ def parse_member(member: str) -> ArchivedTurn | None:
         return None
 
 
-def _turns(members) -> list[ArchivedTurn]:
+def _turns(members: Iterable[Any]) -> list[ArchivedTurn]:
+    """The turns of a ``ZRANGE`` reply's members (text: the client decodes replies; redis-py's hint of the
+    reply also covers its ``WITHSCORES`` forms), unreadable members skipped."""
     return [t for t in (parse_member(m) for m in members) if t is not None]
 
 
@@ -176,7 +178,7 @@ class Archive:
         else:
             self._remember(thread_id, index)
             return state, index
-        log.error("thread %s is corrupt: %s", thread_id[:13], corrupt)
+        log.error("thread %s is corrupt: %s", thread_label(thread_id), corrupt)
         raise corrupt
 
     def turn(self, thread_id: str, turn: int) -> ArchivedTurn | None:

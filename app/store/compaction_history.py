@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import json
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
 from app.store.compaction_outcome import Outcome
 from app.store.errors import ErrorGuard, guarded
 from app.store.keys import ThreadKeys
 from app.store.scripts import lua_script
+
+if TYPE_CHECKING:
+    from app.store.redis_client import StoreClient
 
 HISTORY_MAX = 50
 """Entries a thread's compaction history keeps (the newest)."""
@@ -59,7 +63,7 @@ class CompactionHistory:
         ttl_seconds: the thread's sliding expiry (``MEMORY_TTL_SECONDS``), given to a list whose thread has none.
     """
 
-    def __init__(self, client, guard: ErrorGuard, ttl_seconds: int):
+    def __init__(self, client: StoreClient, guard: ErrorGuard, ttl_seconds: int) -> None:
         self.redis = client
         self.guard = guard
         self.ttl = ttl_seconds

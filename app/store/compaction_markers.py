@@ -1,5 +1,6 @@
 """A thread's compaction markers: the one pending fold, the one pending refinement, a block on folds, and the
-thread's activity (``app.store.keys``: ``mem:{hex}:compacting``, ``:refining``, ``:active``; README: A compaction).
+thread's activity (``app.store.keys``: ``mem:{hex}:compacting``, ``:refining``, ``:active``; docs/memory.md:
+A compaction).
 
 The values are typed here and nowhere else:
 
@@ -15,10 +16,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
 from app.store.errors import ErrorGuard, guarded
 from app.store.keys import ThreadKeys
 from app.store.scripts import lua_script
+
+if TYPE_CHECKING:
+    from app.store.redis_client import StoreClient
 
 
 class Activity(StrEnum):
@@ -107,7 +112,7 @@ class CompactionMarkers:
         guard: the store's error guard (``ThreadStore.guard``).
     """
 
-    def __init__(self, client, guard: ErrorGuard):
+    def __init__(self, client: StoreClient, guard: ErrorGuard) -> None:
         self.redis = client
         self.guard = guard
         self._release = lua_script(client, "release_marker.lua")

@@ -8,15 +8,19 @@ message's earlier entry before pushing the new one).  The entry's shape belongs 
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 from app.store.keys import ThreadKeys
 from app.store.scripts import lua_script
+
+if TYPE_CHECKING:
+    from app.store.redis_client import StoreClient
 
 
 class FeedbackStore:
     """Feedback entries of threads, on one redis-py client (``decode_responses=True``)."""
 
-    def __init__(self, client) -> None:
+    def __init__(self, client: StoreClient) -> None:
         self._client = client
         self._put = lua_script(client, "feedback_put.lua")
 

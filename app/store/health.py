@@ -3,10 +3,15 @@ writes?"""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import redis
 
 from app.store.errors import ErrorGuard, StoreUnavailable, guarded
 from app.store.keys import HEALTH_PROBE_KEY
+
+if TYPE_CHECKING:
+    from app.store.redis_client import StoreClient
 
 
 class StoreHealth:
@@ -17,7 +22,7 @@ class StoreHealth:
         guard: the store's error guard (a failed ``ping`` is counted as the store error ``ping``).
     """
 
-    def __init__(self, client, guard: ErrorGuard):
+    def __init__(self, client: StoreClient, guard: ErrorGuard) -> None:
         self.redis = client
         self.guard = guard
 

@@ -113,7 +113,7 @@ class ThreadKeys:
 
     @property
     def archive(self) -> str:
-        """The archive of folded turns (a sorted set scored by turn number; README: Recall)."""
+        """The archive of folded turns (a sorted set scored by turn number; docs/memory.md: Recall)."""
         return f"mem:{self.tag}:archive"
 
     @property
@@ -152,7 +152,7 @@ def thread_id_from_events_channel(channel: str) -> str | None:
     return None
 
 
-# -- Clients and their quotas (README: Deployment, "Budgets") ------------------------------------------
+# -- Clients and their quotas (docs/deployment.md: "Budgets") ------------------------------------------
 # A client is its session and, for what a session cannot bound, its network address.  The address is
 # never stored as such: ``client_tag`` is a hash of it.
 #

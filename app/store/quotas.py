@@ -1,4 +1,4 @@
-"""What one client may take from the shared store and sockets (README: Deployment, "Budgets").
+"""What one client may take from the shared store and sockets (docs/deployment.md: "Budgets").
 
 - ``client_of(address, ipv6_prefix)``: the client a network address counts as (an IPv4 address; an IPv6
   address's network of ``CLIENT_IPV6_PREFIX`` bits; an IPv4-mapped IPv6 address is its IPv4 address),
@@ -22,6 +22,7 @@ import functools
 import ipaddress
 import logging
 import time
+from typing import TYPE_CHECKING, Callable, ParamSpec, TypeVar
 
 import redis
 from limits import parse
@@ -33,7 +34,13 @@ from app.store.errors import StoreUnavailable
 from app.store.keys import QUOTA_KEY_PREFIX, ThreadKeys, quota_identity
 from app.store.scripts import lua_script
 
+if TYPE_CHECKING:
+    from app.store.redis_client import StoreClient
+
 log = logging.getLogger(__name__)
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 def client_of(address: str | None, ipv6_prefix: int = 64) -> str:
@@ -62,9 +69,9 @@ def client_of(address: str | None, ipv6_prefix: int = 64) -> str:
     return str(parsed)
 
 
-def _guard(fn):
+def _guard(fn: Callable[P, R]) -> Callable[P, R]:
     @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return fn(*args, **kwargs)
         except (redis.RedisError, StorageError, OSError) as exc:
@@ -81,7 +88,7 @@ class Quotas:
         cluster: True on Redis Cluster.
     """
 
-    def __init__(self, client, *, redis_url: str, cluster: bool = False):
+    def __init__(self, client: StoreClient, *, redis_url: str, cluster: bool = False) -> None:
         self.client = client
         storage: RedisStorage
         if cluster:

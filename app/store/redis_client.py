@@ -8,7 +8,7 @@ degrades a request instead of hanging it.
 
 With ``REDIS_CLUSTER=1`` (``make_redis(url, cluster=True)``) the URL names one seed
 node and the client is a ``ClusterClient``: a ``redis.cluster.RedisCluster`` built on
-first use, whose every failure is a ``redis.RedisError`` (README: Scale-out).  Every
+first use, whose every failure is a ``redis.RedisError`` (docs/scale-out.md).  Every
 multi-key command and Lua script of the project touches one thread's keys, which
 share the hash tag ``{<thread hex>}`` and so one slot (``app.store.keys``).
 """
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any, Callable, TypeAlias, cast
 
 import redis
 from redis.backoff import NoBackoff
@@ -25,6 +25,10 @@ from redis.cluster import ClusterPipeline, RedisCluster
 from redis.commands.core import Script
 from redis.exceptions import MovedError, RedisClusterException
 from redis.retry import Retry
+
+if TYPE_CHECKING:
+    from redis.connection import Encoder
+    from typing_extensions import TypeIs
 
 # Attempts of a cluster command after the first, each after refreshing the slot map: enough to follow
 # a failover that has completed, few enough that a slot without a master fails fast (the turn degrades).
@@ -71,10 +75,10 @@ def make_redis(url: str, *, cluster: bool = False, max_connections: int = 64, so
     return redis.Redis(connection_pool=pool)
 
 
-def _translated(fn):
+def _translated(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Call ``fn``; a ``RedisClusterException`` (not a ``RedisError``) becomes ``ClusterUnavailable``."""
     @functools.wraps(fn)
-    def call(*args, **kwargs):
+    def call(*args: Any, **kwargs: Any) -> Any:
         try:
             result = fn(*args, **kwargs)
         except RedisClusterException as exc:
@@ -95,15 +99,15 @@ class _PipelineProxy:
             return attr
         call = _translated(attr)
 
-        def chained(*args, **kwargs):
+        def chained(*args: Any, **kwargs: Any) -> Any:
             result = call(*args, **kwargs)
             return self if result is self._pipeline else result
         return chained
 
-    def __enter__(self):
+    def __enter__(self) -> _PipelineProxy:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self._pipeline.reset()
 
 
@@ -134,7 +138,7 @@ class ClusterClient:
             max_connections=max_connections, decode_responses=True, socket_timeout=socket_timeout,
             socket_connect_timeout=socket_timeout, health_check_interval=30,
             retry=Retry(NoBackoff(), CLUSTER_RETRIES),
-            # A slot without a master fails only the commands on that slot (README: Scale-out).
+            # A slot without a master fails only the commands on that slot (docs/scale-out.md).
             require_full_coverage=False,
         )
         if url.startswith("rediss://"):
@@ -172,7 +176,7 @@ class ClusterClient:
         self._cached.add(name)
         return method
 
-    def get_encoder(self):
+    def get_encoder(self) -> Encoder:
         """The encoder scripts hash their text with (no connection made)."""
         return self._encoder
 
@@ -223,7 +227,7 @@ class ClusterClient:
             client.close()
 
 
-def without_retries(client):
+def without_retries(client: StoreClient) -> StoreClient:
     """A client on a pool of its own that never retries a command (memory-changing scripts: a command
     whose reply is lost may have run; the store settles it by reading back, never by sending it again).
 
@@ -244,12 +248,12 @@ def without_retries(client):
     return redis.Redis(connection_pool=clone)
 
 
-def is_cluster(client) -> bool:
+def is_cluster(client: StoreClient) -> TypeIs[ClusterClient]:
     """True for a ``ClusterClient`` (``REDIS_CLUSTER=1``)."""
     return isinstance(client, ClusterClient)
 
 
-def run_script_and_wait(client, script: Script, keys: list[str], args: list, *, replicas: int,
+def run_script_and_wait(client: StoreClient, script: Script, keys: list[str], args: list, *, replicas: int,
                         timeout_ms: int) -> tuple[Any, int]:
     """Run ``script`` and then ``WAIT replicas timeout_ms`` on the same connection.
 
@@ -272,7 +276,7 @@ def run_script_and_wait(client, script: Script, keys: list[str], args: list, *, 
     for attempt in range(2):
         node = client.node_for(keys[0]) if is_cluster(client) else client
         pipe = node.pipeline(transaction=False)
-        pipe.eval(script.script, len(keys), *keys, *args)
+        pipe.eval(cast(str, script.script), len(keys), *keys, *args)  # registered from text (``lua_script``)
         pipe.wait(replicas, timeout_ms)
         try:
             answer, acknowledged = pipe.execute()

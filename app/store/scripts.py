@@ -4,12 +4,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 from redis.commands.core import Script
+
+if TYPE_CHECKING:
+    from app.store.redis_client import StoreClient
 
 LUA_DIR = Path(__file__).with_name("lua")
 
 
-def lua_script(client, name: str) -> Script:
+def lua_script(client: StoreClient, name: str) -> Script:
     """The script ``lua/<name>`` (e.g. ``"commit_turn.lua"``) registered on ``client``: sent by its SHA on its
     first call (no connection is made here).
 

@@ -1,5 +1,5 @@
 """Leases of open websockets: one sorted set per owner, socket id -> lease end (Redis milliseconds), written only
-by ``lua/claim_socket.lua`` (README: Deployment, "Budgets").
+by ``lua/claim_socket.lua`` (docs/deployment.md: "Budgets").
 
 Two limits use them, through the one ``SocketLeases`` object: a session's open sockets (``WS_MAX_PER_SESSION``,
 ``LeaseOwner.session``: ``ws:{hex}:sockets``) and a network address's (``WS_MAX_PER_CLIENT``,
@@ -10,12 +10,16 @@ place by itself, so a process that dies leaves nothing behind for long.  Never m
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import redis
 
 from app.store.errors import ErrorGuard, StoreUnavailable
 from app.store.keys import ThreadKeys, client_sockets_key
 from app.store.scripts import lua_script
+
+if TYPE_CHECKING:
+    from app.store.redis_client import StoreClient
 
 
 @dataclass(frozen=True)
@@ -51,7 +55,7 @@ class SocketLeases:
     cannot count refuses no one).
     """
 
-    def __init__(self, client, guard: ErrorGuard):
+    def __init__(self, client: StoreClient, guard: ErrorGuard) -> None:
         self.redis = client
         self.guard = guard
         self._script = lua_script(client, "claim_socket.lua")

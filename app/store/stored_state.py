@@ -12,15 +12,20 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable
+from typing import TypeAlias
 
 from marshmallow import ValidationError
 
 from app.memory import migration
 from app.memory.cache import bytes_cached
 from app.memory.limits import MemoryLimits
+from app.memory.record import Record
 from app.memory.schemas import MESSAGE_SCHEMA, stored_state_schema
 from app.memory.state import PINNED_BY_PERSON, Pin, ThreadMessage, ThreadState
 from app.store.errors import CorruptState
+
+_Meta: TypeAlias = "tuple[Record, tuple[Pin, ...], tuple[str, ...], str | None]"
+"""A stored hash's record, person's pins, notes and ``lastCompactedAt``."""
 
 # A counter field (``v``, ``gen``, ``clr``): a non-negative decimal integer, as HINCRBY writes it.
 _COUNTER_RE = re.compile(r"\A[0-9]{1,12}\Z")
@@ -40,7 +45,7 @@ def counter(raw: dict, name: str) -> int:
     return int(value)
 
 
-def forgotten_turns(value) -> tuple[int, ...]:
+def forgotten_turns(value: str | bytes | None) -> tuple[int, ...]:
     """The ``fgt`` field: a JSON array of positive turn numbers (absent: none), ascending.
 
     Raises:
@@ -54,7 +59,7 @@ def forgotten_turns(value) -> tuple[int, ...]:
     return tuple(sorted(set(turns)))
 
 
-def dumps(value) -> str:
+def dumps(value: object) -> str:
     """``value`` as the store writes JSON fields: compact, non-ASCII characters as they are."""
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
@@ -62,21 +67,21 @@ def dumps(value) -> str:
 _MESSAGE_FIELDS = frozenset(("id", "role", "text", "createdAt"))
 
 
-def _checked_message(data) -> ThreadMessage:
+def _checked_message(data: object) -> ThreadMessage:
     """A stored message checked with ``MessageSchema`` (exactly four fields; docs/contract.md: ThreadState)."""
     if not isinstance(data, dict) or data.keys() != _MESSAGE_FIELDS:
         raise ValueError("a stored message must have exactly id, role, text and createdAt")
     return _checked_message_values(data["id"], data["role"], data["text"], data["createdAt"])
 
 
-@bytes_cached(32 * 1024 * 1024, 128 * 1024)  # README: Performance (each process's memory)
-def _checked_message_values(id_, role, text, created_at) -> ThreadMessage:
+@bytes_cached(32 * 1024 * 1024, 128 * 1024)  # docs/benchmarks.md: Performance (each process's memory)
+def _checked_message_values(id_: str, role: str, text: str, created_at: str) -> ThreadMessage:
     MESSAGE_SCHEMA.load({"id": id_, "role": role, "text": text, "createdAt": created_at})
     return ThreadMessage(id_, role, text, created_at)
 
 
 @bytes_cached(16 * 1024 * 1024, 256 * 1024)
-def _checked_meta(limits: MemoryLimits, summary: str, pins_json: str, notes_json: str, last: str | None):
+def _checked_meta(limits: MemoryLimits, summary: str, pins_json: str, notes_json: str, last: str | None) -> _Meta:
     """Record, pins, notes and ``lastCompactedAt`` checked with the stored-state schema (its limits).
 
     The schema's ``summary`` is the record as this version wrote it, rendered (``Record.render``); a summary an
@@ -90,7 +95,7 @@ def _checked_meta(limits: MemoryLimits, summary: str, pins_json: str, notes_json
     return meta
 
 
-def _meta(limits: MemoryLimits, summary: str, pins_json: str, notes_json: str, last: str | None):
+def _meta(limits: MemoryLimits, summary: str, pins_json: str, notes_json: str, last: str | None) -> _Meta:
     """``(record, pins, notes, lastCompactedAt)`` of a stored hash, without the schema's checks.
 
     The record is read by ``app.memory.migration`` (any stored shape).  Pins a model wrote before notes

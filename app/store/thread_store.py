@@ -34,15 +34,16 @@ import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import redis
+from redis.commands.core import Script
 
 from app.memory.compaction.policy import hard_cap_messages
 from app.memory.final_turn import FinalTurn, prepare_final_turn
 from app.memory.limits import MemoryLimits
 from app.memory.record import Record
-from app.memory.state import Pin, ThreadMessage, ThreadState
+from app.memory.state import Pin, ThreadMessage, ThreadState, thread_label
 from app.store.compaction_history import CompactionHistory, encode_entry
 from app.store.compaction_markers import CompactionMarkers, RefineStatus
 from app.store.compaction_outcome import Outcome, Reason, reason_of
@@ -140,7 +141,7 @@ class ThreadStore:
         wait_timeout_ms: the longest that wait, milliseconds (``MEMORY_WAIT_TIMEOUT_MS``).
 
     With a ``ClusterClient`` (``REDIS_CLUSTER=1``) every call goes to the master of the thread's
-    slot, and events are published with ``SPUBLISH`` (sharded pub/sub; README: Scale-out).
+    slot, and events are published with ``SPUBLISH`` (sharded pub/sub; docs/scale-out.md).
     """
 
     def __init__(self, client: StoreClient, limits: MemoryLimits, ttl_seconds: int, *, validate_reads: bool = True,
@@ -173,7 +174,7 @@ class ThreadStore:
         """The error hook (``guard.on_error``)."""
         return self.guard.on_error
 
-    def _write(self, script, keys: list[str], args: list):
+    def _write(self, script: Script, keys: list[str], args: list) -> Any:
         """Run a memory-writing script once (never retried); with ``wait_replicas``, also ``WAIT`` on the
         same connection.
 
@@ -183,7 +184,8 @@ class ThreadStore:
         """
         try:
             if not self.wait_replicas:
-                return script(keys=keys, args=args, client=self.writer)
+                # redis-py hints its own two client classes; a ClusterClient serves what Script calls.
+                return script(keys=keys, args=args, client=self.writer)  # type: ignore[arg-type]
             answer, acknowledged = run_script_and_wait(self.writer, script, keys, args,
                                                        replicas=self.wait_replicas, timeout_ms=self.wait_timeout_ms)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
@@ -234,7 +236,7 @@ class ThreadStore:
             exc = CorruptState("the state key is not a hash")
         except CorruptState as error:
             exc = error
-        log.error("thread %s is corrupt: %s", thread_id[:13], exc)
+        log.error("thread %s is corrupt: %s", thread_label(thread_id), exc)
         raise exc
 
     # -- writing -----------------------------------------------------------------------------
@@ -285,7 +287,7 @@ class ThreadStore:
             raise OutcomeUnknown(f"lost reply not settled: {lost}; {type(exc).__name__}") from exc
         version = int(raw[1] or 0)
         if assistant.id in ids or user.id in ids:
-            log.warning("commit on %s settled by reading back: %s", thread_id[:13],
+            log.warning("commit on %s settled by reading back: %s", thread_label(thread_id),
                         "written" if assistant.id in ids else "a duplicate")
             return CommitResult(assistant.id in ids, version, len(messages), (user, assistant), settled=True)
         self.guard.report("commit_messages")
@@ -301,7 +303,7 @@ class ThreadStore:
         counter read then), a turn of a thread where a turn was forgotten meanwhile writes nothing (``forgotten``).
 
         Raises:
-            TurnRejected: the turn is not written (status, source or text; README: The boundary).
+            TurnRejected: the turn is not written (status, source or text; docs/memory.md: The boundary).
             StoreUnavailable: Redis failed.
         """
         user, assistant = prepare_final_turn(turn, delivery_max_chars=self.limits.delivery_final_max_chars)
@@ -334,7 +336,7 @@ class ThreadStore:
         except Unsettled as exc:
             return self._settle_clear(thread_id, before if isinstance(before, str) or before is None else str(before), exc)
         if repaired:
-            log.warning("clear repaired the corrupt thread %s", thread_id[:13])
+            log.warning("clear repaired the corrupt thread %s", thread_label(thread_id))
         return int(version)
 
     def _settle_clear(self, thread_id: str, before: str | None, lost: Unsettled) -> int:
@@ -346,7 +348,7 @@ class ThreadStore:
             self.guard.report("clear")
             raise OutcomeUnknown(f"lost reply not settled: {lost}; {type(exc).__name__}") from exc
         if cleared is not None and cleared != before:
-            log.warning("clear of %s settled by reading back: cleared", thread_id[:13])
+            log.warning("clear of %s settled by reading back: cleared", thread_label(thread_id))
             return int(version or 0)
         self.guard.report("clear")
         raise StoreUnavailable(f"lost reply settled by reading back: not cleared ({lost})")
@@ -445,7 +447,8 @@ class ThreadStore:
             self.guard.report("forget_turn")
             raise OutcomeUnknown(f"lost reply not settled: {lost}; {type(exc).__name__}") from exc
         applied = set(turns) <= set(forgotten_turns) and int(gen or 0) > expected_gen
-        log.warning("forget on %s settled by reading back: %s", thread_id[:13], "applied" if applied else "not applied")
+        log.warning("forget on %s settled by reading back: %s", thread_label(thread_id),
+                    "applied" if applied else "not applied")
         if applied:
             return ForgetCommit(True, int(version or 0), recent_removed=recent, settled=True)
         return ForgetCommit(False, settled=True)
@@ -460,7 +463,7 @@ class ThreadStore:
             self.guard.report("apply_compaction")
             raise OutcomeUnknown(f"lost reply not settled: {lost}; {type(exc).__name__}") from exc
         applied = str(gen or "0") == str(expected_gen + 1) and value == written
-        log.warning("compare-and-set on %s settled by reading back: %s", thread_id[:13],
+        log.warning("compare-and-set on %s settled by reading back: %s", thread_label(thread_id),
                     "applied" if applied else "not applied")
         if applied:
             return CompactionCommit(Outcome.APPLIED, int(version or 0), settled=True)
@@ -493,7 +496,8 @@ class ThreadStore:
             self.guard.report("set_pins")
             raise OutcomeUnknown(f"lost reply not settled: {lost}; {type(exc).__name__}") from exc
         applied = int(gen or 0) > expected_gen and values == [written[name] for name in names]
-        log.warning("pins of %s settled by reading back: %s", thread_id[:13], "applied" if applied else "not applied")
+        log.warning("pins of %s settled by reading back: %s", thread_label(thread_id),
+                    "applied" if applied else "not applied")
         return applied
 
     @guarded

@@ -13,6 +13,7 @@ from app.extensions import services
 from app.identity import current_thread_id
 from app.memory.hydration import build_hydration, empty_hydration
 from app.llm.health import model_status
+from app.memory.state import thread_label
 from app.runtime.capabilities import tools_enabled
 from app.store.thread_store import CorruptState, OutcomeUnknown, StoreUnavailable
 from app.web.responses import ApiError, guarded_json, outcome_unknown, store_unavailable
@@ -50,7 +51,7 @@ def get_thread() -> tuple[Response, int]:
     try:
         state = services().store.load(thread_id)
     except (StoreUnavailable, CorruptState) as exc:  # a corrupt thread is logged at ERROR by the store
-        log.warning("hydration degraded for thread %s: %s", thread_id[:13], type(exc).__name__)
+        log.warning("hydration degraded for thread %s: %s", thread_label(thread_id), type(exc).__name__)
         return guarded_json(empty_hydration(thread_id))
     try:
         archived = services().archive.newest_turns(thread_id) if state.folded_turns else []
@@ -76,10 +77,10 @@ def delete_thread() -> Response | tuple[str, int]:
         svc.store.clear(thread_id)
         RunStore(svc.redis, thread_id).drop_paused()
     except OutcomeUnknown:  # the clear's reply lost and not read back: the page reads the thread again
-        log.warning("clear of thread %s: outcome unknown", thread_id[:13])
+        log.warning("clear of thread %s: outcome unknown", thread_label(thread_id))
         return outcome_unknown()
     except (StoreUnavailable, redis.RedisError):
-        log.warning("clear failed for thread %s: store unavailable", thread_id[:13])
+        log.warning("clear failed for thread %s: store unavailable", thread_label(thread_id))
         return store_unavailable()
     return "", 204
 

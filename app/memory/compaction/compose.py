@@ -16,7 +16,7 @@ the model's answer (or None for a fold without the model), it
    memory before (summary + notes + pins + folded turns) minus ``GAIN_SHARE`` of
    the folded turns, in prompt tokens; otherwise ``InvalidCompactionOutput``
    ``growth``.  The rule is a model answer's only: a fold without the model folds
-   even when that frees little (README: A compaction; the archive keeps every word);
+   even when that frees little (docs/memory.md: A compaction; the archive keeps every word);
 5. runs the **fact guard**: every fact of the previous summary and notes, of the
    person's folded messages and of the answer sentences kept must be in the new
    memory, unless the record policy let it go (counted in ``facts_dropped``).
@@ -40,6 +40,7 @@ from app.memory.compaction.policy import GAIN_SHARE, CompactionPlan, notes_token
 from app.memory.compaction.record import ABOUT, ASKED, ASSISTANT, PERSON, TOLD, FitStep, Record, RecordLine, \
     asked_line, asks, fit_record, mark_replaced, sentences, statement_lines
 from app.memory.context import format_pins, format_summary
+from app.memory.limits import MemoryLimits
 from app.memory.state import ThreadMessage, ThreadState, group_turns, number_turns
 from app.memory.words import key
 from app.memory.tokens import TokenCounter
@@ -179,7 +180,7 @@ def messages_cost(messages: Iterable[ThreadMessage], counter: TokenCounter) -> i
     return sum(counter.message(m.role, m.text) for m in messages)
 
 
-def compose(state: ThreadState, plan: CompactionPlan, answer: CompactionAnswer | None, *, limits,
+def compose(state: ThreadState, plan: CompactionPlan, answer: CompactionAnswer | None, *, limits: MemoryLimits,
             counter: TokenCounter, prompt_budget: int, require_gain: bool = True) -> CompactionResult:
     """Build what a compaction writes (see the module docstring).
 
@@ -191,7 +192,7 @@ def compose(state: ThreadState, plan: CompactionPlan, answer: CompactionAnswer |
         counter: the model's token counter.
         prompt_budget: tokens a prompt may use.
         require_gain: False: no gain rule for a model answer either.  A fold without the model
-            (``answer`` None) never applies it (README: A compaction): the turns are folded even when
+            (``answer`` None) never applies it (docs/memory.md: A compaction): the turns are folded even when
             that frees little (the archive keeps every word); the record still fits its own character
             and token limits.
 
@@ -291,7 +292,8 @@ def compose(state: ThreadState, plan: CompactionPlan, answer: CompactionAnswer |
     )
 
 
-def _without_asked_cost(fitted: Record, new_lines: Sequence[RecordLine], notes, pins, counter: TokenCounter,
+def _without_asked_cost(fitted: Record, new_lines: Sequence[RecordLine], notes: Sequence[str],
+                        pins: Sequence[str], counter: TokenCounter,
                         cost: int) -> int:
     """What memory costs without the ``Asked:`` lines this fold added (a model's gist stands in their place)."""
     asked = {id(line) for line in new_lines if line.kind == ASKED}

@@ -1,7 +1,7 @@
 """Sentence forms: which of a person's sentences the record keeps, decided by form, never by vocabulary.
 
 A person's sentence enters the record unless its *form* says it carries nothing to
-keep (README: How memory works).  ``sentence_form`` names the form of one sentence
+keep (docs/memory.md).  ``sentence_form`` names the form of one sentence
 (English or Chinese):
 
 - ``question``: ends with ``?``/``？``, or (Chinese) ends with a question particle

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
+from app.memory.limits import MemoryLimits
 from app.memory.state import ThreadMessage, ThreadState, group_turns
 from app.memory.tokens import TokenCounter
 
@@ -50,7 +51,7 @@ def uncompacted_tokens(messages: Iterable[ThreadMessage], counter: TokenCounter)
     return sum(counter.count(m.text) for m in messages)
 
 
-def compaction_due(message_count: int, uncompacted: int, limits, prompt_budget: int) -> bool:
+def compaction_due(message_count: int, uncompacted: int, limits: MemoryLimits, prompt_budget: int) -> bool:
     """Is a compaction due after a committed turn?
 
     Args:
@@ -81,7 +82,7 @@ def notes_token_cap(prompt_budget: int) -> int:
     return int(NOTES_TOKEN_SHARE * prompt_budget)
 
 
-def hard_cap_messages(limits) -> int:
+def hard_cap_messages(limits: MemoryLimits) -> int:
     """The most messages a thread should hold: four recent windows (32 with the defaults)."""
     return HARD_CAP_FACTOR * 2 * limits.recent_turns
 
@@ -114,7 +115,7 @@ class CompactionPlan:
         return [m.id for m in self.folded]
 
 
-def plan_compaction(state: ThreadState, limits, counter: TokenCounter, prompt_budget: int, *,
+def plan_compaction(state: ThreadState, limits: MemoryLimits, counter: TokenCounter, prompt_budget: int, *,
                     fixed_prompt_tokens: int) -> CompactionPlan | None:
     """Choose the whole turns to fold.
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from app.memory.compaction.policy import CompactionPlan
+from app.memory.limits import MemoryLimits
 from app.memory.state import ThreadMessage
 from app.memory.text import clip_to_tokens
 from app.memory.tokens import TokenCounter
@@ -61,13 +62,13 @@ def gist_chars(room_tokens: int) -> int:
     return chars if chars >= GIST_MIN_CHARS else 0
 
 
-def system_prompt(limits, max_gist_chars: int = GIST_MAX_CHARS) -> str:
+def system_prompt(limits: MemoryLimits, max_gist_chars: int = GIST_MAX_CHARS) -> str:
     """The compaction's system message for ``limits`` (``note_max_chars``) and a gist of ``max_gist_chars``."""
     return _SYSTEM_PROMPT.format(gist_chars=max_gist_chars, notes=NOTES_PER_COMPACTION,
                                  note_chars=limits.note_max_chars)
 
 
-def fixed_prompt_tokens(limits, counter: TokenCounter) -> int:
+def fixed_prompt_tokens(limits: MemoryLimits, counter: TokenCounter) -> int:
     """Tokens of the prompt without any turn (system message, framing, margin), for ``plan_compaction``."""
     empty = build_messages([], limits, counter, None)
     return counter.prompt(empty) + PROMPT_MARGIN_TOKENS
@@ -81,7 +82,7 @@ def _render(messages: Sequence[ThreadMessage], counter: TokenCounter, limit: int
     return "\n".join(lines)
 
 
-def build_messages(folded: Sequence[ThreadMessage], limits, counter: TokenCounter, limit: int | None, *,
+def build_messages(folded: Sequence[ThreadMessage], limits: MemoryLimits, counter: TokenCounter, limit: int | None, *,
                    previous_answer: str | None = None, feedback: Sequence[str] = (),
                    max_gist_chars: int = GIST_MAX_CHARS) -> list[dict]:
     """The chat messages of one compaction call (``[{"role", "content"}, ...]``)."""
@@ -97,7 +98,7 @@ def build_messages(folded: Sequence[ThreadMessage], limits, counter: TokenCounte
     return messages
 
 
-def build_compaction_prompt(plan: CompactionPlan, limits, counter: TokenCounter, prompt_budget: int, *,
+def build_compaction_prompt(plan: CompactionPlan, limits: MemoryLimits, counter: TokenCounter, prompt_budget: int, *,
                             previous_answer: str | None = None, feedback: Sequence[str] = (),
                             max_gist_chars: int = GIST_MAX_CHARS) -> list[dict]:
     """The compaction call's messages, fitted to ``prompt_budget`` tokens (by ``counter``).

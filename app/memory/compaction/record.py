@@ -63,7 +63,7 @@ import re
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from functools import lru_cache
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 from app.memory.cache import ByteCache, text_bytes
 from app.memory.compaction import forms
@@ -75,6 +75,9 @@ from app.memory.record import (ABOUT, ASKED, ASSISTANT, HEADER, LABELS, PERSON, 
 from app.memory.state import ThreadMessage
 from app.memory.text import CJK_RE, FENCED_CODE_RE, cut_at_word, grapheme_prefix
 from app.memory.tokens import TokenCounter
+
+if TYPE_CHECKING:
+    import pysbd
 
 FIT_SHARE = 0.85
 """A record over its limits is cut down to this share of them (room for the next compactions' lines)."""
@@ -104,7 +107,7 @@ _MARKDOWN_RE = re.compile(r"^\s*(?:[-*•>]+|\d+[.)]|#+)\s+|\*\*|__")
 
 
 @lru_cache(maxsize=2)
-def _segmenter(language: str):
+def _segmenter(language: str) -> pysbd.Segmenter:
     import pysbd
 
     return pysbd.Segmenter(language=language, clean=False)
@@ -150,7 +153,7 @@ def _split(text: str) -> list[str]:
     return out
 
 
-def _segment(segmenter, paragraph: str) -> list[str]:
+def _segment(segmenter: pysbd.Segmenter, paragraph: str) -> list[str]:
     """pysbd's sentences of ``paragraph``, read ``SBD_WINDOW_CHARS`` characters at a time.
 
     Each window keeps its sentences but the last (which may go on past the window) and the next window
@@ -421,7 +424,8 @@ def fit_record(record: Record, *, max_chars: int, max_tokens: int, counter: Toke
                 others |= units.get(id(other)) or set(tokenize(other.text))
         return len(mine & others)
 
-    def drop_where(step: FitStep, predicate, order=None) -> bool:
+    def drop_where(step: FitStep, predicate: Callable[..., bool],
+                   order: Callable[[RecordLine], tuple[int, int]] | None = None) -> bool:
         nonlocal dropped
         if not lexicon.on(f"policy.{step}"):  # switched off (``lexicon``: a benchmark's ablation)
             return fits()

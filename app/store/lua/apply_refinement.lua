@@ -1,4 +1,4 @@
--- Compare-and-set of a refinement: the model's gist and notes for turns already folded (README: A compaction).
+-- Compare-and-set of a refinement: the model's gist and notes for turns already folded (docs/memory.md: A compaction).
 -- KEYS[1] the thread hash; KEYS[2..] the thread's other keys (TTL refresh).
 -- ARGV: expected gen, turns refined up to (the `ft` read), summary, notes JSON, ttl seconds.
 -- Applies only if the generation is unchanged (no fold, pin change, clear or other refinement since the read):

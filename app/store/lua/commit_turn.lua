@@ -1,4 +1,4 @@
--- Commit one final turn atomically (README: A turn; docs/contract.md: the done frame).
+-- Commit one final turn atomically (docs/memory.md: A turn; docs/contract.md: the done frame).
 -- KEYS[1] the thread hash; KEYS[2..] the thread's other keys (TTL refresh).
 -- ARGV: user message JSON, assistant message JSON, user id, assistant id,
 --       user text, assistant text, dedupe-by-text ("1"/"0"), ttl seconds,

@@ -1,4 +1,4 @@
--- Forget turns of a thread everywhere the thread's keys hold them (README: "Forget and provenance";
+-- Forget turns of a thread everywhere the thread's keys hold them (docs/memory.md: "Forget and provenance";
 -- docs/contract.md: Forget), compare-and-set on the generation like apply_compaction.lua.  One call forgets every
 -- turn of one request (one write, however many turns).
 -- KEYS[1] the thread hash; KEYS[2..] the thread's other keys (TTL refresh): KEYS[3] the compaction history

@@ -9,6 +9,7 @@ from flask import Blueprint, Response
 
 from app.extensions import services
 from app.identity import current_thread_id
+from app.memory.state import thread_label
 from app.memory.status import writes_memory
 from app.observability import accounting, feedback, metrics
 from app.store.thread_store import CorruptState, StoreUnavailable
@@ -39,7 +40,7 @@ def post_feedback() -> Response | tuple[Response, int]:
     except CorruptState:
         return error_response(409, *MEMORY_UNREADABLE)
     except (redis.RedisError, StoreUnavailable) as exc:
-        log.warning("feedback not stored for %s: %s", thread_id[:13], type(exc).__name__)
+        log.warning("feedback not stored for %s: %s", thread_label(thread_id), type(exc).__name__)
         if isinstance(exc, redis.RedisError):
             metrics.count_store_error("feedback")
         return store_unavailable()

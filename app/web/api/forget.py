@@ -35,7 +35,7 @@ from app.extensions import services
 from app.identity import current_thread_id
 from app.chat.turn import off_the_event_loop
 from app.memory.forget import ForgetPlan, Quoting, contains_phrase, plan_forget
-from app.memory.state import ThreadState, utc_now_iso
+from app.memory.state import ThreadState, thread_label, utc_now_iso
 from app.observability import accounting
 from app.store.compaction_history import HISTORY_MAX, forget_entry
 from app.store.keys import ThreadKeys
@@ -69,10 +69,10 @@ def _store_errors(fn: Callable[P, R]) -> Callable[P, R]:
         except CorruptState:
             raise ApiError(409, *MEMORY_UNREADABLE) from None
         except OutcomeUnknown:  # a reply lost and not read back: 202 outcome unknown, the page reads again
-            log.warning("%s for %s: outcome unknown", fn.__name__, current_thread_id()[:13])
+            log.warning("%s for %s: outcome unknown", fn.__name__, thread_label(current_thread_id()))
             raise UnknownOutcome() from None
         except StoreUnavailable as exc:
-            log.warning("%s failed for %s: %s", fn.__name__, current_thread_id()[:13], type(exc).__name__)
+            log.warning("%s failed for %s: %s", fn.__name__, thread_label(current_thread_id()), type(exc).__name__)
             raise ApiError(503, *STORE_UNAVAILABLE) from None
     wrapper.__name__ = fn.__name__
     wrapper.__doc__ = fn.__doc__
@@ -167,7 +167,7 @@ def _job_status(thread_id: str, turns: list[int] | None) -> None:
             services().store.redis.set(key, json.dumps({"turns": turns, "startedAt": int(time.time() * 1000)}),
                                        ex=STATUS_TTL_SECONDS)
     except redis.RedisError as exc:
-        log.warning("forget status of %s not written: %s", thread_id[:13], type(exc).__name__)
+        log.warning("forget status of %s not written: %s", thread_label(thread_id), type(exc).__name__)
 
 
 def _forget_turns(thread_id: str, turns: list[int], phrase: str | None = None) -> tuple[list[dict], list[int]]:
@@ -213,7 +213,7 @@ def _forget_job(thread_id: str, turns: list[int], phrase: str | None = None) -> 
                 lambda: index.without(new, forgets=committed.forgets))
             svc.caches.drop_thread(thread_id, texts=texts, keep=kept)
             log.info("%d turns forgotten in %s: %d recent messages, %d archived, %d record lines, %d notes",
-                     len(new), thread_id[:13], committed.recent_removed, committed.archive_removed,
+                     len(new), thread_label(thread_id), committed.recent_removed, committed.archive_removed,
                      plan.record_lines, plan.notes_removed)
             _tell_every_tab(thread_id, sorted(new), ids)
             numbered = {t: sum(1 for line in state.record.lines if line.turn == t) for t in new}
@@ -232,7 +232,7 @@ def _tell_every_tab(thread_id: str, turns: list[int], message_ids: list[str]) ->
     try:
         services().store.publish_event(thread_id, forget_frame(turns, message_ids))
     except StoreUnavailable:
-        log.warning("forget of %s not announced: store unavailable", thread_id[:13])
+        log.warning("forget of %s not announced: store unavailable", thread_label(thread_id))
 
 
 @bp.delete("/api/chat/turns/<n>")
@@ -319,7 +319,7 @@ def export_thread() -> tuple[Response, int]:
     try:
         compactions = accounting.load_compactions(svc, thread_id)
     except redis.RedisError as exc:  # the history is part of the export, so the export fails
-        log.warning("export failed for %s: %s", thread_id[:13], type(exc).__name__)
+        log.warning("export failed for %s: %s", thread_label(thread_id), type(exc).__name__)
         raise ApiError(503, *STORE_UNAVAILABLE) from None
     payload = {
         "exportedAt": utc_now_iso(),

@@ -25,7 +25,7 @@ from app.identity import current_thread_id
 from app.memory.compaction import normalize_pin
 from app.memory.context import PINS_MAX_PROMPT_SHARE, pins_prompt_tokens
 from app.memory.limits import MemoryLimits
-from app.memory.state import PINNED_BY_PERSON, Pin, ThreadState
+from app.memory.state import PINNED_BY_PERSON, Pin, ThreadState, thread_label
 from app.memory.text import cut_at_word
 from app.memory.tokens import TokenCounter
 from app.observability import metrics
@@ -157,14 +157,14 @@ def _change(action: str, change: Callable[[ThreadState], tuple[list[Pin], list[s
             metrics.observe_pin_request(action, refused.code)
         raise
     except OutcomeUnknown:
-        log.warning("%s on %s: reply lost and not read back: outcome unknown", action, thread_id[:13])
+        log.warning("%s on %s: reply lost and not read back: outcome unknown", action, thread_label(thread_id))
         metrics.observe_pin_request(action, "outcome_unknown")
         raise UnknownOutcome() from None
     except CorruptState:
         metrics.observe_pin_request(action, "memory_unreadable")
         raise ApiError(409, *MEMORY_UNREADABLE) from None
     except StoreUnavailable as exc:
-        log.warning("%s failed for %s: %s", action, thread_id[:13], type(exc).__name__)
+        log.warning("%s failed for %s: %s", action, thread_label(thread_id), type(exc).__name__)
         metrics.observe_pin_request(action, "store_unavailable")
         raise ApiError(503, *STORE_UNAVAILABLE) from None
 

@@ -9,6 +9,7 @@ from flask import Blueprint, Response
 
 from app.extensions import services
 from app.identity import current_thread_id
+from app.memory.state import thread_label
 from app.observability import accounting, metrics
 from app.memory.context import shorten_answer
 from app.observability.inspector import resolve_prompt
@@ -29,7 +30,7 @@ def get_stats() -> Response | tuple[Response, int]:
         turns = accounting.load_turn_records(svc, thread_id)
         compactions = accounting.load_compactions(svc, thread_id)
     except redis.RedisError as exc:
-        log.warning("stats unavailable for %s: %s", thread_id[:13], type(exc).__name__)
+        log.warning("stats unavailable for %s: %s", thread_label(thread_id), type(exc).__name__)
         metrics.count_store_error("stats")
         return store_unavailable()
     return guarded_json({
@@ -50,10 +51,10 @@ def get_inspector() -> Response | tuple[Response, int]:
         records = accounting.load_turn_records(svc, thread_id, limit=1)
         state, archive = svc.archive.load_turn_memory(thread_id)  # the archive shows what was folded since
     except CorruptState:  # one status for one state (docs/contract.md: HTTP): 409 as every other route
-        log.warning("inspector of %s: memory unreadable", thread_id[:13])
+        log.warning("inspector of %s: memory unreadable", thread_label(thread_id))
         return error_response(409, *MEMORY_UNREADABLE)
     except (redis.RedisError, StoreUnavailable) as exc:
-        log.warning("inspector unavailable for %s: %s", thread_id[:13], type(exc).__name__)
+        log.warning("inspector unavailable for %s: %s", thread_label(thread_id), type(exc).__name__)
         if isinstance(exc, redis.RedisError):
             metrics.count_store_error("inspector")
         return store_unavailable()
