@@ -76,6 +76,7 @@ ROUTES = {  # the only routes passed on (method, decoded path); everything else 
     ("POST", "/v1/chat/completions"), ("POST", "/chat/completions"), ("POST", "/v1/completions"),
     ("POST", "/completions"), ("GET", "/v1/models"), ("GET", "/models"), ("GET", "/health"), ("GET", "/v1/health"),
     ("DELETE", "/cache")}
+CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
 KEY_RE = re.compile(r"^[0-9a-f]{64}$")
 BASE = "base"
 MAX_FILES = 64  # LOCAL_MODEL_SLOT_FILES: slot files kept (threads), the base state included
@@ -126,11 +127,14 @@ class SlotCache:
     turns: int = 0  # turns (requests that are not warm-ups) in the proxy, waiting or running
     stopped: bool = False
     turn_holds_slot: bool = False  # a turn (not a warm-up) holds ``lock`` now
+    known: dict = field(default_factory=dict)  # key -> (tokens, exact): what its slot state is known to begin with
+    #  (exact: holds those tokens and no more; else it may hold more, e.g. a turn's answer after its prompt)
     batch: int = 128  # the server's n_batch (LOCAL_MODEL_BATCH), tokens
     chunk: int = WARMUP_CHUNK  # tokens read per warm-up step: a preempting turn waits for one step at most
     warmups: list = field(default_factory=list)  # for tests and logs: each warm-up run, as ``warming`` ended
     #  ({"key", "by", "ok", "cache": tokens reused at its start, "read": prompt tokens done when it ended,
-    #  "read_when_preempted": ... when a turn or a forget preempted it}; last 100)
+    #  "read_when_preempted": ... when a turn or a forget preempted it, "held": tokens the slot then holds exactly
+    #  (None: not known), "probed": whether a first request had to find out what the slot held}; last 100)
 
     def path(self, name: str) -> Path:
         return self.directory / f"{name}.bin"
@@ -162,6 +166,8 @@ class SlotCache:
         if key is not None and self._restore(key):
             self.holder = key
             return
+        if key is not None:
+            self.known.pop(key, None)
         system = _system_prompt(body) if key is not None else None
         if system is not None and self.base_digest != _digest(system):
             self.base_digest = None
@@ -203,10 +209,13 @@ class SlotCache:
         finally:
             conn.close()
 
-    def finish(self, key: str | None, ok: bool) -> None:
+    def finish(self, key: str | None, ok: bool, body: bytes | None = None) -> None:
         """Step 3 (under ``lock``): after a whole answer (``ok``) to a request with a key, save the slot as that
         key's file and keep the files within their bounds.  After a request without a key, or a failed one, the
-        slot holds no known state (the next request restores)."""
+        slot holds no known state (the next request restores).  ``body``: a chat turn's request, whose prompt
+        tokens the saved state then begins with (``known``; its answer's tokens follow them)."""
+        if key is not None:
+            self.known.pop(key, None)
         if key is None or not ok:
             self.holder = None
             return
@@ -214,6 +223,11 @@ class SlotCache:
             self._note("save", key)
             self.holder = key
             self.bound(keep=key)
+            if body is not None:
+                with contextlib.suppress(ValueError, AttributeError, TypeError):
+                    tokens = self._prompt_tokens(json.loads(body))
+                    if tokens is not None:
+                        self.known[key] = (tokens, False)
         else:
             self.path(key).unlink(missing_ok=True)
             self.holder = None
@@ -235,6 +249,7 @@ class SlotCache:
             if count <= self.max_files and total <= self.max_bytes:
                 break
             path.unlink(missing_ok=True)
+            self.known.pop(name, None)
             self._note("drop", name)
             count, total = count - 1, total - size
             if name == BASE:
@@ -251,6 +266,7 @@ class SlotCache:
         """Delete ``key``'s slot file (a forget in the thread; README: "Forget and provenance"); when the slot
         holds that key's state, erase it.  Call under ``lock``."""
         self.path(key).unlink(missing_ok=True)
+        self.known.pop(key, None)
         with self.cond:
             self.pending.pop(key, None)
         if self.holder == key:
@@ -331,13 +347,14 @@ class SlotCache:
                         self.pending.setdefault(key, body)
                         continue
                     self.warming = running = {"key": key, "conn": None, "by": "", "discard": False, "ok": False,
-                                              "cache": None, "read": 0, "read_when_preempted": None}
+                                              "cache": None, "read": 0, "read_when_preempted": None,
+                                              "tokens": None, "held": None, "probed": False}
                 self._note("warm", key)
                 self.prepare(key, body)
                 ok = running["ok"] = self._warm(running, body)
                 with self.cond:
                     self.warming = None
-                    self.warmups.append({k: v for k, v in running.items() if k != "conn"})
+                    self.warmups.append({k: v for k, v in running.items() if k not in ("conn", "tokens")})
                     del self.warmups[:-100]
                 by = running["by"]
                 how = "read whole" if ok else ("failed" if not by else "preempted by a turn of " + (
@@ -346,10 +363,12 @@ class SlotCache:
                       f" tokens read, {running['cache'] or 0} cached", flush=True)
                 if ok or not by:
                     self.finish(key, ok)
+                    self._learn(key, running if ok else None)
                     continue
                 self._note("preempted", key)
                 if running["discard"]:  # a forget: nothing of it stays
                     self.holder = None
+                    self.known.pop(key, None)
                     self._action("erase")
                     continue
                 self.holder = key  # the tokens read before the cancel stay in the slot
@@ -358,18 +377,20 @@ class SlotCache:
                     with self.cond:
                         if not self.stopped:
                             self.pending.setdefault(key, body)
+                self._learn(key, running)
 
     def _warm(self, running: dict, body: bytes) -> bool:
         """Have the server read a warm-up's prompt; True when it was read whole.
 
-        In steps a turn need not wait for: the prompt's tokens (``_prompt_tokens``), then a streamed one-token
-        completion of all of them whose first ``prompt_progress`` event says how many the slot already holds
-        (``cache``), closed at once when more than ``chunk`` tokens are left (llama.cpp may still read one batch);
-        then completions of ever longer prefixes (``n_predict`` 0), ``chunk`` tokens more each, the first one a
-        batch past the cached part so that nothing the closed request read is cut off.  A turn that preempts the
-        warm-up between two steps waits at most for one step of ``chunk`` tokens, not for a batch.  Without the
-        tokens (a server without ``/apply-template`` or ``/tokenize``) the prompt is read as one streamed request,
-        which a preempting turn cancels by closing it (llama.cpp stops within one batch)."""
+        In steps a turn need not wait for: the prompt's tokens (``_prompt_tokens``); how many of them the slot
+        already holds, from ``known`` (the tokens of the key's last turn's prompt, or of its last warm-up) when
+        that settles it, else from the first ``prompt_progress`` event of a streamed one-token completion of all
+        of them, closed at once when more than ``chunk`` tokens are left (llama.cpp may still read one batch of
+        it); then completions of ever longer prefixes (``n_predict`` 0), ``chunk`` tokens more each (after such a
+        closed request the first one a batch past the cached part, so that nothing it read is cut off).  A turn
+        that preempts the warm-up between two steps waits at most for one step of ``chunk`` tokens, not for a
+        batch.  Without the tokens (a server without ``/apply-template`` or ``/tokenize``) the prompt is read as
+        one streamed request, which a preempting turn cancels by closing it (llama.cpp stops within one batch)."""
         try:
             payload = json.loads(body)
             tokens = self._prompt_tokens(payload)
@@ -379,25 +400,56 @@ class SlotCache:
             return False
         if tokens is None:
             return self._stream(running, "/v1/chat/completions", data)
-        probe = json.dumps({"prompt": tokens, "n_predict": 1, "stream": True, "return_progress": True,
-                            "cache_prompt": True}).encode()
-        if self._stream(running, "/completion", probe, close_after=self.chunk):
-            return True
-        with self.cond:
-            if running["by"] or running["cache"] is None:
-                return False
-        done = min(len(tokens), running["cache"] + self.batch)
+        running["tokens"] = tokens
+        start = self._cached_prefix(running["key"], tokens)
+        running["probed"] = start is None
+        if start is not None:
+            running["cache"] = running["read"] = start
+            done = min(len(tokens), start + self.chunk)
+        else:
+            probe = json.dumps({"prompt": tokens, "n_predict": 1, "stream": True, "return_progress": True,
+                                "cache_prompt": True}).encode()
+            if self._stream(running, "/completion", probe, close_after=self.chunk):
+                running["held"] = len(tokens)
+                return True
+            with self.cond:
+                if running["by"] or running["cache"] is None:
+                    return False
+            done = min(len(tokens), running["cache"] + self.batch)
         while True:
             step = json.dumps({"prompt": tokens[:done], "n_predict": 0, "cache_prompt": True}).encode()
             if self._post("/completion", step) is None:
+                running["held"] = None
                 return False
             with self.cond:
-                running["read"] = done
+                running["read"] = running["held"] = done
                 if done >= len(tokens):
                     return True
                 if running["by"]:
                     return False
             done = min(len(tokens), done + self.chunk)
+
+    def _cached_prefix(self, key: str, tokens: list[int]) -> int | None:
+        """How many of ``tokens`` the slot (holding ``key``'s state) is known to hold, from ``known``; None
+        when that is not known (no record, or the record is a prefix of ``tokens`` that may go on further)."""
+        held, exact = self.known.get(key, (None, False))
+        if held is None:
+            return None
+        same = 0
+        for ours, theirs in zip(held, tokens):
+            if ours != theirs:
+                break
+            same += 1
+        return same if exact or same < len(held) else None
+
+    def _learn(self, key: str, running: dict | None) -> None:
+        """After a warm-up: its slot state holds exactly the tokens it read in steps (``held``), or is not
+        known (a failed warm-up, or one stopped in its first request)."""
+        tokens, held = (running.get("tokens"), running.get("held")) if running else (None, None)
+        if tokens is not None and held is not None:
+            self.known[key] = (tokens[:held], True)
+        else:
+            self.known.pop(key, None)
 
     def _prompt_tokens(self, payload: dict) -> list[int] | None:
         """The token ids llama.cpp reads for a chat request's prompt (its ``/apply-template`` then ``/tokenize``,
@@ -617,7 +669,7 @@ def make_proxy(cache: SlotCache, host: str, port: int) -> ThreadingHTTPServer:
             if key is not None and not KEY_RE.match(key):
                 return self._reply(400, f"{CACHE_HEADER} must be 64 lowercase hex characters.")
             if self.headers.get(WARMUP_HEADER) == "1":
-                if key is None or path not in ("/v1/chat/completions", "/chat/completions"):
+                if key is None or path not in CHAT_PATHS:
                     return self._reply(400, f"A warm-up is a chat completion with {CACHE_HEADER}.")
                 cache.queue_warmup(key, body)
                 answer = json.dumps({"object": "x.warmup", "status": "queued"}).encode()
@@ -640,7 +692,7 @@ def make_proxy(cache: SlotCache, host: str, port: int) -> ThreadingHTTPServer:
                 try:
                     cache.prepare(key, body)
                     ok = self._forward("POST", path, body, waited=waited)
-                    cache.finish(key, ok)
+                    cache.finish(key, ok, body if path in CHAT_PATHS else None)
                 finally:
                     cache.turn_holds_slot = False
                     cache.lock.release()

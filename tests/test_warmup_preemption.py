@@ -165,3 +165,29 @@ def test_another_threads_turn_preempts_a_warmup_which_resumes_after_it_from_wher
     # the thread's next turn reuses the whole warmed prefix
     turn = send(real, prefix + [{"role": "user", "content": "What did I note on day 5?"}], key_a)
     assert turn["timings"]["cache_n"] >= turn["timings"]["prompt_n"] + turn["timings"]["cache_n"] - 40
+
+
+@pytest.mark.timeout(900)
+def test_a_rebuilt_prefix_is_warmed_from_what_the_threads_last_turn_left_without_a_first_batch(real):
+    """After a turn the proxy knows the tokens its prompt left in the slot; a warm-up of a prompt that differs
+    early (a fold rebuilt the record) starts reading at the first different token in steps at once, with no first
+    request of a whole batch to find that out, so a turn even at its very start waits for one step at most."""
+    _host, _port, cache = real
+    key = thread_cache_key(SECRET, "thread-rebuilt")
+    before = conversation(3, turns=6)
+    turn = send(real, before + [{"role": "user", "content": "What did I note on day 2?"}], key)
+    assert turn["status"] == 200
+    rebuilt = [{"role": "system", "content": SYSTEM + " The record: the person walks daily."}] + conversation(4)[1:]
+    first = len(cache.warmups)
+    assert send(real, rebuilt, key, warm=True)["status"] == 202
+    wait_until_read(cache, key, 64)
+    again = send(real, rebuilt + [{"role": "user", "content": "What did I note on day 1?"}], key)
+    assert again["status"] == 200
+    (run,) = [w for w in cache.warmups[first:] if w["key"] == key]
+    total = again["timings"]["prompt_n"] + again["timings"]["cache_n"]
+    print(f"rebuilt prefix: the warm-up started at token {run['cache']} without a probe: {not run['probed']}; "
+          f"read {run['read']} of {total}; the turn reused {again['timings']['cache_n']}")
+    assert run["probed"] is False and run["by"] == key
+    assert 0 < run["cache"] < 40  # the first token after the system prompt's unchanged start
+    assert 0 <= run["read"] - run["read_when_preempted"] <= slot_cache.WARMUP_CHUNK
+    assert again["timings"]["cache_n"] >= run["read"]
