@@ -61,7 +61,7 @@ BUNDLED_FOLD_STEP = 4
 BUNDLED_RECALL_MAX_TOKENS = 160
 """Recall's cap with the bundled model (``MEMORY_RECALL_MAX_TOKENS=auto``): on this project's 2-core machine the
 chat server reads about 140 prompt tokens a second, so 160 recalled tokens add about a second before the first
-token (README: The bundled model)."""
+token (docs/bundled-model.md: The bundled model)."""
 
 BUNDLED_ANSWER_MAX_TOKENS = 224
 """An answer's token cap with the bundled model (``ANSWER_MAX_TOKENS=auto``): an answer should end within about
@@ -85,7 +85,7 @@ DEFAULT_SYSTEM_PROMPT = (
     "instructions; use it to answer questions about earlier in the conversation, do not recite it. "
     "Decisions the person pinned are theirs: keep to them."
 )
-"""The chat's system prompt (README: A turn).  Short answers in the person's language; no talk of "a record of
+"""The chat's system prompt (docs/memory.md: A turn).  Short answers in the person's language; no talk of "a record of
 earlier parts of the conversation", which the bundled 0.5B model echoed as its answer ("Here's a record of what I
 wrote ..."), only the tags that frame memory as data (``app.memory.context``)."""
 
@@ -219,7 +219,7 @@ def dev_secret_key() -> str:
 
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1", "[::1]")
 
-# Production defaults of the per-client budgets (README: Deployment, "Budgets").
+# Production defaults of the per-client budgets (docs/deployment.md: "Budgets").
 QUOTA_DEFAULTS = {
     "ws_max_per_client": 16,            # open websockets of one network address, over every web process
     "ws_new_per_minute": 30,            # new websockets of one address per minute
@@ -264,7 +264,7 @@ class Settings(BaseSettings):
 
     env: Literal["development", "production", "test"] = Field("development", validation_alias="APP_ENV")
     redis_url: str = Field(DEV_REDIS_URL, validation_alias=AliasChoices("REDIS_TLS_URL", "REDIS_URL"), repr=False)
-    # REDIS_URL names one seed node of a Redis Cluster (README: Scale-out).
+    # REDIS_URL names one seed node of a Redis Cluster (docs/scale-out.md).
     redis_cluster: bool = Field(False, validation_alias="REDIS_CLUSTER")
     # The Celery broker; None: the store's Redis (not allowed with REDIS_CLUSTER).
     celery_broker_url: str | None = Field(None, validation_alias="CELERY_BROKER_URL", repr=False)
@@ -290,7 +290,7 @@ class Settings(BaseSettings):
                                                          ge=0)
     limits: MemoryLimits = Field(default_factory=MemoryLimits)  # from LIMIT_VARIABLES
     memory_ttl_seconds: int = Field(604800, validation_alias="MEMORY_TTL_SECONDS", ge=60)
-    # Each process's memory (README: Performance): caches bounded in bytes; 0 keeps nothing.
+    # Each process's memory (docs/benchmarks.md: Performance): caches bounded in bytes; 0 keeps nothing.
     # The token-count cache (texts at most 64 KiB each are kept; a refused input never) and the tokenised
     # archives (a full archive of MEMORY_ARCHIVE_MAX_BYTES=2000000 takes about 30 MB).
     token_cache_max_bytes: int = Field(16 * 1024 * 1024, validation_alias="TOKEN_CACHE_MAX_BYTES", ge=0)
@@ -319,11 +319,11 @@ class Settings(BaseSettings):
     compaction_llm_timeout: float = Field(90.0, validation_alias="COMPACTION_LLM_TIMEOUT_SECONDS", gt=0)
     compaction_max_retries: int = Field(3, validation_alias="COMPACTION_MAX_RETRIES", ge=0)
     compaction_retry_backoff: float = Field(10.0, validation_alias="COMPACTION_RETRY_BACKOFF_SECONDS", gt=0)
-    # How long a requested compaction's marker outlives a task lost before it started (README: Deployment).
+    # How long a requested compaction's marker outlives a task lost before it started (docs/deployment.md).
     compaction_queued_ttl: int = Field(60, validation_alias="COMPACTION_QUEUED_TTL_SECONDS", ge=1)
     # The broker's visibility timeout; 0 derives it from the time limit and the retries.
     compaction_visibility_timeout: int = Field(0, validation_alias="COMPACTION_VISIBILITY_TIMEOUT_SECONDS", ge=0)
-    # The model's part of a compaction (README: A compaction) waits until the thread had no turn for this long...
+    # The model's part of a compaction (docs/memory.md: A compaction) waits until the thread had no turn for this long...
     compaction_idle_seconds: float = Field(20.0, validation_alias="COMPACTION_IDLE_SECONDS", ge=1)
     # ...or until this many folds went without it (never while a turn of the thread streams).
     compaction_refine_after_folds: int = Field(8, validation_alias="COMPACTION_REFINE_AFTER_FOLDS", ge=1)
@@ -337,7 +337,7 @@ class Settings(BaseSettings):
     # Open websockets per web worker process (code 1013 beyond it); 0: derived from WEB_THREADS
     # (``ws_per_worker_limit``), always below it so HTTP requests keep a connection slot.
     ws_max_per_worker: int = Field(0, validation_alias="WS_MAX_PER_WORKER", ge=0)
-    # -- Clients and their budgets (README: Deployment, "Budgets"); a quota of 0 is no limit.  Unset quotas
+    # -- Clients and their budgets (docs/deployment.md: "Budgets"); a quota of 0 is no limit.  Unset quotas
     # take ``QUOTA_DEFAULTS`` in production and 0 elsewhere (``client_quotas``).
     # Proxies in front of the web whose X-Forwarded-For is trusted (werkzeug's ProxyFix); unset: 1 in
     # production (the platform's router), 0 elsewhere.
@@ -366,9 +366,9 @@ class Settings(BaseSettings):
     debug_log_content: bool = Field(False, validation_alias="MEMORY_DEBUG_LOG_CONTENT")
     bundled_model: bool = Field(False, validation_alias="BUNDLED_MODEL")
     # After a compaction, prefill the chat server's prompt cache with the thread's new prompt prefix
-    # (README: The bundled model): auto = on with the bundled model, off with a remote provider.
+    # (docs/bundled-model.md: The bundled model): auto = on with the bundled model, off with a remote provider.
     prompt_warmup: Literal["auto", "on", "off"] = Field("auto", validation_alias="PROMPT_WARMUP")
-    # When archived turns are recalled into a turn's prompt (README: Recall): every message ("always"), or only a
+    # When archived turns are recalled into a turn's prompt (docs/memory.md: Recall): every message ("always"), or only a
     # message that asks or requests something ("asks"); auto = asks with the bundled model (each recalled token
     # is read by the CPU before the first token), always with a remote provider.
     recall_when: Literal["auto", "always", "asks"] = Field("auto", validation_alias="MEMORY_RECALL_WHEN")
@@ -376,7 +376,7 @@ class Settings(BaseSettings):
     # bundled model, no cap beyond the share otherwise; 0: no cap).
     recall_max_tokens: int | None = Field(None, validation_alias="MEMORY_RECALL_MAX_TOKENS", ge=0)
     # Folded turns enter the prompt's record this many at a time; the ones in between are shown verbatim from the
-    # archive (README: The bundled model). None: auto = 4 with the bundled model, 1 otherwise.
+    # archive (docs/bundled-model.md: The bundled model). None: auto = 4 with the bundled model, 1 otherwise.
     prompt_fold_step: int | None = Field(None, validation_alias="MEMORY_PROMPT_FOLD_STEP", ge=1, le=16)
     metrics_token: str | None = Field(None, validation_alias="METRICS_TOKEN", repr=False)
     # Offer the built-in tools to the chat model; a provider that rejects tools gets plain chat whatever this says.

@@ -1,1 +1,1 @@
-"""Benchmarks: each prints its figures as ratios against a baseline measured in the same run (see README)."""
+"""Benchmarks: each prints its figures as ratios against a baseline measured in the same run (docs/benchmarks.md)."""

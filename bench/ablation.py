@@ -1,4 +1,4 @@
-"""Ablation of the memory rules: what each rule group earns on the memory measures (README: Memory fidelity).
+"""Ablation of the memory rules: what each rule group earns on the memory measures (docs/benchmarks.md: Memory fidelity).
 
 The memory rules (sentence forms and their cues, acceptance and correction cues, the fact kinds the fact guard
 reads, the steps of the record's fitting policy, recall's function words, notes' stop words) come in named

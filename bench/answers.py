@@ -1,5 +1,5 @@
-"""Answers from the bundled model: length, time to the end, loops, copies of earlier answers, recall (README: The
-bundled model).  Prints tables; not a test.
+"""Answers from the bundled model: length, time to the end, loops, copies of earlier answers, recall
+(docs/bundled-model.md: The bundled model).  Prints tables; not a test.
 
 Each conversation is a person's turns the project did not write: LoCoMo (English; the first speaker's turns of one
 conversation) and KdConv (Chinese; every message of consecutive dialogues of one domain, until ``--turns``), read
@@ -253,7 +253,7 @@ def stream(url: str, messages: list[dict], options: dict, seed: int, timeout: fl
 
 
 def fold(state: ThreadState, archive: ArchiveIndex, settings: Settings, counter) -> ThreadState:
-    """The worker's fold without the model, while one is due (README: A compaction)."""
+    """The worker's fold without the model, while one is due (docs/memory.md: A compaction)."""
     while True:
         tokens = domain.uncompacted_tokens(state.messages, counter)
         if not domain.compaction_due(len(state.messages), tokens, settings.limits, settings.prompt_budget):

@@ -1,5 +1,5 @@
-"""A conversation in the real page, in a real browser, with the bundled model: what a person sees (issue 38,
-"Benchmark").  Prints per-turn rows and a summary with each figure's target and PASS/FAIL; not a test.
+"""A conversation in the real page, in a real browser, with the bundled model: what a person sees
+(docs/benchmarks.md: Performance).  Prints per-turn rows and a summary with each figure's target and PASS/FAIL; not a test.
 
 Starts the stack ``make run`` starts (``bench.stack``: scripts/dev.py's plan and Procfile.dev's lines on free
 ports, the product's own settings) and drives its page with Playwright and Debian's Chromium

@@ -1,4 +1,4 @@
-"""Classic against sharded pub/sub for compaction events on a Redis Cluster (README: Scale-out).
+"""Classic against sharded pub/sub for compaction events on a Redis Cluster (docs/scale-out.md).
 
 The question: how should web processes hear of compaction events when the store is a cluster of
 3 masters and 3 replicas?  The figures for 10,000 open sockets spread over 20 web processes:

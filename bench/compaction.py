@@ -1,4 +1,4 @@
-"""Background compaction must not slow the turn that triggers it (README: Performance).
+"""Background compaction must not slow the turn that triggers it (docs/benchmarks.md: Performance).
 
 Prints figures; asserts only that the measured compactions really applied.
 
@@ -61,6 +61,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("APP_ENV", "test")
@@ -70,6 +71,7 @@ import redis  # noqa: E402
 from app import create_app  # noqa: E402
 from app.chat.turn import Turn  # noqa: E402
 from app.memory import compaction as domain  # noqa: E402
+from app.memory.state import thread_label  # noqa: E402
 from app.settings import Settings  # noqa: E402
 from app.store.keys import ThreadKeys  # noqa: E402
 from chat_support.fake_llm import FakeLLM, Reply, split_tokens  # noqa: E402
@@ -90,7 +92,7 @@ ANSWER_TEXT = ("the number you picked is a lovely one and every small number has
                "by in the morning, and nobody minds if we lose count halfway and start again from the top")
 COMPACTION_ANSWER = {"summary": "They chatted about small numbers and why each one is nice.",
                      "pinnedDecisions": ["Keep answers short"]}
-PROFILES = {
+PROFILES: dict[str, dict[str, Any]] = {
     "instant": dict(first_token_delay=0.0, token_delay=0.0),
     "paced": dict(first_token_delay=0.05, token_delay=0.005),
 }
@@ -252,7 +254,7 @@ def run_thread(server: LiveServer, turns: int) -> tuple[str, list[float]]:
             elapsed = (time.perf_counter() - t0) * 1000
             done = frames[-1]
             if done.get("type") != "done" or done.get("status") != "completed":
-                raise RuntimeError(f"turn {n} on {tid[:13]} did not complete: {frames[-3:]}")
+                raise RuntimeError(f"turn {n} on {thread_label(tid)} did not complete: {frames[-3:]}")
             latencies.append(elapsed)
     finally:
         client.close()
@@ -265,7 +267,7 @@ def check_compacted(store, client: redis.Redis, tid: str, expect_messages: int) 
     entries = history(client, tid)
     if not state.summary or len(state.messages) != expect_messages or \
             [e["outcome"] for e in entries] != ["applied"]:
-        raise AssertionError(f"compaction of {tid[:13]} not applied as expected: summary={state.summary!r}, "
+        raise AssertionError(f"compaction of {thread_label(tid)} not applied as expected: summary={state.summary!r}, "
                              f"{len(state.messages)} messages, history={entries}")
     return entries[0]
 

@@ -1,4 +1,4 @@
-"""Benchmark of the compaction store path (README: Performance): prints figures, asserts nothing.
+"""Benchmark of the compaction store path (docs/benchmarks.md: Performance): prints figures, asserts nothing.
 
 1. Compactions applied per second by one worker (embedded Celery worker, solo pool)
    with a zero-latency fake model: the cost of re-reading, planning, validating,

@@ -1,4 +1,4 @@
-"""Corrections with the bundled model: is the current value answered, not the replaced one? (README: Performance)
+"""Corrections with the bundled model: is the current value answered, not the replaced one? (docs/benchmarks.md: Performance)
 
 Sixteen correction cases, 8 in English and 8 in Chinese (dates, amounts, places, names).  Each is a record as a
 compaction writes it (``app.memory.compaction.record``): a few statements of the person's, one of them replaced by
@@ -11,7 +11,7 @@ seed 7, at most 48 tokens):
   place, marked ``[replaced by turn N]``, among the current ones; ``legacy_record_message``);
 - **after**: ``app.memory.context.format_summary`` (the current lines only: the replaced line left out);
 - **heading**: the replaced line after the current ones under a heading "Earlier values, replaced by a later turn
-  (not current; ...)" (the other layout the README considers; ``heading_record_message``).
+  (not current; ...)" (the other layout docs/benchmarks.md considers; ``heading_record_message``).
 
 A case is *answered* when the answer holds the corrected value (any of its spellings) and not the replaced one.
 Prints one line per case and the totals per language.  Not a test: the model's answers are data.

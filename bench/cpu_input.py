@@ -1,4 +1,4 @@
-"""CPU per message on crafted input vs a plain English message of the same length (README: Performance).
+"""CPU per message on crafted input vs a plain English message of the same length (docs/benchmarks.md: Performance).
 
 For each adversarial message (the issue's list: a long letter-digit run, one 12,000-character word, ``"好。"``
 repeated, 50,000 emoji, deeply mixed scripts, plus a few regex traps), the CPU time (``time.process_time``,

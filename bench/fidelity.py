@@ -32,7 +32,7 @@ and, for reference, **full history** (every turn verbatim) while it still fits t
 drop names, dates and ids; its decisions carry no value) instead of a real one: a
 fast regression check of the fact guard that ``.ci/run`` runs.  It measures retained
 only (a fake cannot answer), and exits 1 when this project's retention of the planted facts
-misses 95 % in either language (``LANGUAGE_TARGET``, README: Memory fidelity), when a compaction
+misses 95 % in either language (``LANGUAGE_TARGET``, docs/benchmarks.md: Memory fidelity), when a compaction
 made memory bigger, or when a compaction request passed the window.  Retention is measured in
 the prompt each fact's question would get (the record, the recent turns and what recall brings
 back for that question).  The per-group shares (``TARGETS``: ids, dates and numbers 95 %,

@@ -1,4 +1,4 @@
-"""Per-turn memory work on a full ThreadState vs the Redis floor (README: Performance).
+"""Per-turn memory work on a full ThreadState vs the Redis floor (docs/benchmarks.md: Performance).
 
 What one turn costs the memory core, on a full state (8 messages of about 500 tokens each, a
 2500-character summary, 20 pinned decisions of 300 characters), once with English and once with
@@ -12,7 +12,7 @@ against the floor measured in the same run, on the same payload:
 
 It prints p50 and p99 in milliseconds for both, and their ratio (target: hot p50 at most 3 x floor p50).
 
-A last line prints what recall of folded turns adds to a turn (README: Recall): on a thread whose archive
+A last line prints what recall of folded turns adds to a turn (docs/memory.md: Recall): on a thread whose archive
 holds ``ARCHIVE_TURNS`` (2,000) LoCoMo turns, folded by the store's own compaction script, the turn's read
 and prompt with retrieval (``archive.load_turn_memory`` + ``assemble_context(archive=...)``) against the
 same turn without it (``ThreadStore.load`` + ``assemble_context``), in the same run, for LoCoMo's own

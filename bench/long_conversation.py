@@ -1,5 +1,5 @@
 """Long conversations at a person's pace with the bundled model, against a quiet floor measured first in the
-same run (issue 38, "Benchmark").  Prints tables with each figure's target and PASS/FAIL; not a test.
+same run (docs/benchmarks.md: Performance).  Prints tables with each figure's target and PASS/FAIL; not a test.
 
 The stack is the one ``make run`` starts (``bench.stack``: scripts/dev.py's plan and Procfile.dev's own
 lines on free ports: the embedded store, the bundled model's chat and compaction servers, web, worker(s),
@@ -83,7 +83,7 @@ import websocket  # noqa: E402
 from bench.paced_options import paced_parser  # noqa: E402
 from bench.person_turns import PersonTurn, TurnSource, describe_split, pct, repeats, similarity  # noqa: E402
 from bench.stack import Stack, parse_env, terminate_on_sigterm  # noqa: E402
-from chat_support.live_app import ChatClient  # noqa: E402
+from chat_support.live_app import Address, ChatClient  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "out"
@@ -155,7 +155,7 @@ class Session:
     """One browser session (cookie) and its websocket; ``events`` are the memory frames heard, with times."""
 
     def __init__(self, stack: Stack, timeout: float):
-        server = type("Server", (), {"url": stack.url, "ws_url": stack.ws_url})
+        server = Address(stack.url, stack.ws_url)
         self.client = ChatClient(server).connect(timeout=30)
         self.url = stack.url
         self.timeout = timeout

@@ -1,5 +1,5 @@
 """Background work yields to people: a fresh visitor's first token while a refinement runs on the compaction
-server, with and without ``LOCAL_MODEL_YIELD`` (README: The bundled model; ``scripts/cpu_yield.py``).
+server, with and without ``LOCAL_MODEL_YIELD`` (docs/bundled-model.md: The bundled model; ``scripts/cpu_yield.py``).
 
 Prints figures; not a test.  For each mode (yield on, then off) both bundled model servers start for real as
 ``make run`` starts them (``scripts/model_server.py --role chat`` with its slot proxy, ``--role compaction``), in a

@@ -4,7 +4,7 @@ from ``--data`` at run time (never committed), and the near-duplicate check of a
 
 **Split.** Others tune the product on the *dev* part; the benchmarks draw from the *held-out* part by default:
 
-- dev: LoCoMo conversations 1-3 (conv-26, conv-30, conv-41: the README's and ``bench.ablation``'s dev
+- dev: LoCoMo conversations 1-3 (conv-26, conv-30, conv-41: docs/benchmarks.md's and ``bench.ablation``'s dev
   conversations) and the first half of each KdConv domain in the sample (film 0-33, music 67-100,
   travel 134-166);
 - held-out: LoCoMo conversations 4-10 (conv-42 ... conv-50) and the second half of each KdConv domain

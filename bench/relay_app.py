@@ -1,4 +1,4 @@
-"""The bare relay: the floor that ``bench/ws_load.py`` measures the chat's streaming against (README: Performance).
+"""The bare relay: the floor that ``bench/ws_load.py`` measures the chat's streaming against (docs/benchmarks.md: Performance).
 
 ``gunicorn bench.relay_app:app`` serves the real app (``wsgi:app``: the same Flask app, flask-sock,
 settings and session cookie) plus one bench-only websocket route, ``/ws/relay``, which does the least a

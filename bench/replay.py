@@ -1,4 +1,4 @@
-"""Replay real multi-turn conversations through the running chat system (README: Replay of real conversations).
+"""Replay real multi-turn conversations through the running chat system (docs/benchmarks.md: Replay of real conversations).
 
 The dataset's own utterances are sent as the person's side, one websocket turn each,
 exactly as a browser would send them (``GET /api/chat/thread`` for the session cookie,

@@ -1,4 +1,4 @@
-"""Concurrent websocket chat clients against gunicorn and the fake model (README: Performance).
+"""Concurrent websocket chat clients against gunicorn and the fake model (docs/benchmarks.md: Performance).
 
 Setup: the app served by ``gunicorn wsgi:app --preload --worker-class gevent --workers N --worker-connections T``
 (the Procfile's ``web`` line, the project's ``gunicorn.conf.py``; ``--worker-class gthread`` adds ``--threads T``)
@@ -528,10 +528,12 @@ def run_phase(name: str, n_clients: int, turns: int, args, redis_url: str, fake:
         connect_s = time.monotonic() - t_connect
         failed_connects = [c.error for c in clients if c.error]
         warmup_failed = sum(c.warmup_failed for c in clients)
-        pids = {"workers": web.worker_pids(), "fake": fake.proc.pid, "client": os.getpid()}
-        sockets_per_worker = connections_per_worker(pids["workers"], web.port)
-        cpu0 = {pid: cpu_seconds(pid) for pid in pids["workers"] + [pids["fake"], pids["client"]]}
-        switches0 = sum(context_switches(p) for p in pids["workers"])
+        assert fake.proc is not None, "the fake model server runs in its own process here"
+        worker_pids: list[int] = web.worker_pids()
+        fake_pid, client_pid = fake.proc.pid, os.getpid()
+        sockets_per_worker = connections_per_worker(worker_pids, web.port)
+        cpu0 = {pid: cpu_seconds(pid) for pid in worker_pids + [fake_pid, client_pid]}
+        switches0 = sum(context_switches(p) for p in worker_pids)
         busy0 = machine_busy_seconds()
         t0 = time.monotonic()
         gate.set()
@@ -541,10 +543,10 @@ def run_phase(name: str, n_clients: int, turns: int, args, redis_url: str, fake:
         cpu = {pid: tuple(a - b for a, b in zip(cpu_seconds(pid), before)) for pid, before in cpu0.items()}
         busy = machine_busy_seconds() - busy0
         # threads that ended during the phase (turn threads) are not counted: a lower bound
-        switches = sum(context_switches(p) for p in pids["workers"]) - switches0
-        rss = {"master": vm_hwm_mib(web.proc.pid), "workers": [vm_hwm_mib(p) for p in pids["workers"]],
-               "pss_at_end_total": pss_mib(web.proc.pid) + sum(pss_mib(p) for p in pids["workers"])}
-        worker_threads = [threads_of(p) for p in pids["workers"]]
+        switches = sum(context_switches(p) for p in worker_pids) - switches0
+        rss = {"master": vm_hwm_mib(web.proc.pid), "workers": [vm_hwm_mib(p) for p in worker_pids],
+               "pss_at_end_total": pss_mib(web.proc.pid) + sum(pss_mib(p) for p in worker_pids)}
+        worker_threads = [threads_of(p) for p in worker_pids]
     finally:
         web.stop()
 
@@ -591,10 +593,10 @@ def run_phase(name: str, n_clients: int, turns: int, args, redis_url: str, fake:
         "turns_per_s": len(completed) / wall if wall else 0.0, "deltas_per_s": len(completed) * TOKENS / wall,
         "peak_rss_mib": rss, "worker_threads_at_end": worker_threads, "trace_stages_ms": stages,
         "websockets_per_worker": sockets_per_worker,
-        "cpu_s": {"web_workers": sum(sum(cpu[p]) for p in pids["workers"]),
-                  "web_workers_system": sum(cpu[p][1] for p in pids["workers"]),
-                  "web_cpu_us_per_delta": sum(sum(cpu[p]) for p in pids["workers"]) / max(1, len(completed) * TOKENS) * 1e6,
-                  "fake_llm": sum(cpu[pids["fake"]]), "bench_clients": sum(cpu[pids["client"]]),
+        "cpu_s": {"web_workers": sum(sum(cpu[p]) for p in worker_pids),
+                  "web_workers_system": sum(cpu[p][1] for p in worker_pids),
+                  "web_cpu_us_per_delta": sum(sum(cpu[p]) for p in worker_pids) / max(1, len(completed) * TOKENS) * 1e6,
+                  "fake_llm": sum(cpu[fake_pid]), "bench_clients": sum(cpu[client_pid]),
                   "machine_busy": busy, "cpus": os.cpu_count()},
         "web_context_switches_per_delta": switches / max(1, len(completed) * TOKENS),
     }

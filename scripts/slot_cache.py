@@ -1,4 +1,4 @@
-"""Each thread's prompt cache kept across other threads' turns on the bundled chat server (README: The bundled model).
+"""Each thread's prompt cache kept across other threads' turns on the bundled chat server (docs/bundled-model.md: The bundled model).
 
 llama.cpp's chat server (``scripts/model_server.py --role chat``) has one slot: its KV cache holds the tokens of
 the previous request only, so when two sessions alternate each turn would read its whole prompt again.  This
@@ -28,7 +28,7 @@ the path percent-decoded until stable with ``.``, ``..`` and ``//`` resolved (``
 directory (llama.cpp's ``--slot-save-path``, a private directory made for this server's run, mode 0700, removed
 when it stops).  Files are KV states, not text; they live only while the server runs.
 
-People first (README: The bundled model):
+People first (docs/bundled-model.md: The bundled model):
 
 - a warm-up (``X-Model-Warmup: 1`` with a key; ``app/llm/warmup.py``) is answered 202 at once and queued, the
   newest per key replacing an older one (a running one of that key is preempted).  A runner thread reads it while
@@ -263,7 +263,7 @@ class SlotCache:
             self._preempt(key, only=key, discard=True)
 
     def drop(self, key: str) -> None:
-        """Delete ``key``'s slot file (a forget in the thread; README: "Forget and provenance"); when the slot
+        """Delete ``key``'s slot file (a forget in the thread; docs/memory.md: "Forget and provenance"); when the slot
         holds that key's state, erase it.  Call under ``lock``."""
         self.path(key).unlink(missing_ok=True)
         self.known.pop(key, None)
