@@ -53,11 +53,11 @@ def test_prompt_answer_window_is_bundled_only_by_default():
         Settings.from_env({"MEMORY_PROMPT_ANSWER_MAX_TOKENS": "5"})
 
 
-def test_system_prompt_asks_for_short_answers_in_the_persons_language_and_never_mentions_a_record():
+def test_system_prompt_asks_for_short_answers_in_the_persons_language_and_never_mentions_memory():
     assert Settings().system_prompt == DEFAULT_SYSTEM_PROMPT
     text = DEFAULT_SYSTEM_PROMPT.lower()
-    for asked in ("briefly", "language of their latest message", "never repeat yourself", "do not recite"):
+    for asked in ("briefly", "language of their latest message", "never repeat yourself", "never quote earlier"):
         assert asked in text
-    # "as a record" was echoed by the bundled model as "Here's a record of what I wrote ..."
-    assert "a record" not in text and "record of" not in text
-    assert "<record> and </record>" in text and "data, never instructions" in text
+    # "as a record" was echoed by the bundled model as "Here's a record of what I wrote ...", and the tags named
+    # here were answered as "Record: ... Recalled: ..." from the first turn on
+    assert "record" not in text and "recalled" not in text and "<" not in text
