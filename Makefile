@@ -44,7 +44,8 @@ $(DEV_STAMP): $(STAMP) requirements-dev.txt
 	$(BIN)/python -m pip install -r requirements-dev.txt
 	touch $(DEV_STAMP)
 
-# Static checks of the Python code (pyproject.toml: [tool.ruff], [tool.mypy]): ruff's default rules, then mypy
+# Static checks of the Python code (pyproject.toml: [tool.ruff], [tool.mypy]): ruff (its default rules, import order,
+# bugbear), then mypy
 # over the files [tool.mypy] names; both run, and the target fails when either finds anything.
 check: $(DEV_STAMP)
 	status=0; \

@@ -121,7 +121,7 @@ def _checked_url(url: str, schemes: set[str]) -> str:
     if parsed.scheme not in schemes or not parsed.hostname or any(c.isspace() for c in url):
         raise PydanticCustomError("url_invalid", "not a valid URL ({masked})", {"masked": masked, "allowed": allowed})
     try:
-        parsed.port  # raises ValueError for a non-numeric or out-of-range port
+        _ = parsed.port  # raises ValueError for a non-numeric or out-of-range port
     except ValueError:
         raise PydanticCustomError("url_port", "invalid port ({masked})", {"masked": masked}) from None
     path = parsed.path.strip("/")

@@ -288,9 +288,9 @@ def rules_checks(data: Path) -> dict[str, dict[str, int]]:
         FileNotFoundError: a data file is missing.
     """
     from app.memory.compaction import forms
+    from app.memory.compaction.answer import gist_problems
     from app.memory.compaction.record import mark_replaced, sentences, statement_lines, statement_sentences
     from app.memory.state import ThreadMessage
-    from app.memory.compaction.answer import gist_problems
     from bench import disagreements
     from bench.corrections import CASES, FILLER
     from chat_support.form_cases import LABELLED
@@ -708,13 +708,13 @@ def console_table(rows: list[dict], sources=SOURCES) -> str:
             is_base = row["group"] == BASELINE
             body.append([row["group"], *(cell(row["values"].get(k), base.get(k), is_base) for k in columns)])
         widths = [max(len(str(r[i])) for r in [head, *body]) for i in range(len(head))]
-        out.append("  ".join(h.ljust(w) for h, w in zip(head, widths)))
-        for row, line in zip(rows, body):
+        out.append("  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)))
+        for row, line in zip(rows, body, strict=False):
             extra = ""
             if columns is main_columns and row["group"] != BASELINE:
                 agrees = {True: "yes", False: "no", None: "–"}[row["held_out_agrees"]]
                 extra = f"  {decision_text(row)}  [held-out agrees: {agrees}]"
-            out.append("  ".join(str(c).ljust(w) for c, w in zip(line, widths)) + extra)
+            out.append("  ".join(str(c).ljust(w) for c, w in zip(line, widths, strict=True)) + extra)
         out.append("")
     return "\n".join(out)
 

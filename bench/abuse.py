@@ -55,8 +55,8 @@ import redis
 import requests
 import websocket
 
-from chat_support.fake_llm import FakeLLM, Reply, words
 from chat_support.config_env import SECRET, clean_env
+from chat_support.fake_llm import FakeLLM, Reply, words
 from chat_support.processes import descendants, start, stop_group
 from chat_support.servers import free_port, wait_http
 
@@ -429,7 +429,7 @@ def seed_archive_at_limit(client: redis.Redis, thread_id: str, *, turns: int = A
     members: dict[str, int] = {}
     total = 0
     for n in range(1, turns + 1):
-        def text(role: str) -> str:
+        def text(role: str, n: int = n) -> str:
             out = f"{role} {n}: note {n * 37 % 9973}"
             while len(out) < turn_bytes // 2 - 80:
                 out += " " + rng.choice(_VOCABULARY)

@@ -324,7 +324,7 @@ def table(configs: list[Config]) -> str:
         def share(items):
             return f"{sum(items)}/{len(items)}"
 
-        def by(lang_prefix):
+        def by(lang_prefix, asked=asked):
             items = [x for x in asked if x.conversation.startswith(lang_prefix)]
             return share([(x.expected or "") in x.text for x in items])
 
@@ -342,7 +342,7 @@ def table(configs: list[Config]) -> str:
                      rate([x.predicted_n for x in a], [x.predicted_ms for x in a]),
                      f"{sum(loads) / len(loads):.1f}/{max(loads):.1f}" if loads else "-"])
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths)) for r in rows)
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)) for r in rows)
 
 
 def free_port() -> int:

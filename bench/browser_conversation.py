@@ -358,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
             for log in tmp.glob("*.log"):
                 (args.keep_logs / log.name).write_bytes(log.read_bytes())
         shutil.rmtree(tmp, ignore_errors=True)
-    for row, rep in zip(rows, repeats([r.answer for r in rows], args.dup_ratio)):
+    for row, rep in zip(rows, repeats([r.answer for r in rows], args.dup_ratio), strict=True):
         if rep is not None:
             row.repeat_of, row.repeat_ratio = rows[rep[0]].n, round(rep[1], 3)
     ok = report(floor, rows, args)

@@ -41,8 +41,8 @@ import redis
 
 from app.store.keys import EVENTS_PATTERN, ThreadKeys
 from app.store.redis_client import make_redis
-from scripts.cluster import ClusterError, LocalCluster, free_cluster_ports
 from chat_support.threads import thread_id_for
+from scripts.cluster import ClusterError, LocalCluster, free_cluster_ports
 
 
 def cluster_stats(cluster: LocalCluster) -> dict:
@@ -113,7 +113,7 @@ def run_variant(kind: str, cluster: LocalCluster, client, threads: list[str], pr
                 if owner[t] == i:
                     channel = ThreadKeys(t).events
                     per_node.setdefault(client.node_name_for(channel), []).append(channel)
-            for name, channels in per_node.items():
+            for channels in per_node.values():
                 pubsub = client.node_for(channels[0]).pubsub()
                 for start in range(0, len(channels), 1):  # one SSUBSCRIBE per channel: what a socket open does
                     pubsub.ssubscribe(channels[start])
@@ -126,7 +126,7 @@ def run_variant(kind: str, cluster: LocalCluster, client, threads: list[str], pr
     before, publish_t = cluster_stats(cluster), time.perf_counter()
     interval = 1.0 / rate
     next_at = time.perf_counter()
-    for n in range(events):
+    for _ in range(events):
         thread = random.choice(threads)
         data = json.dumps({"type": "memory", "status": "succeeded", "message": "Older turns were summarized.",
                            "sentAt": time.time()})

@@ -70,18 +70,18 @@ import redis  # noqa: E402
 
 from app import create_app  # noqa: E402
 from app.chat.turn import Turn  # noqa: E402
+from app.compaction.requests import CompactionRequests  # noqa: E402
+from app.compaction.service import run_compaction  # noqa: E402
 from app.memory import compaction as domain  # noqa: E402
 from app.memory.state import thread_label  # noqa: E402
 from app.settings import Settings  # noqa: E402
 from app.store.keys import ThreadKeys  # noqa: E402
 from chat_support.fake_llm import FakeLLM, Reply, split_tokens  # noqa: E402
-from chat_support.threads import history, user_text  # noqa: E402
 from chat_support.live_app import ChatClient, LiveServer  # noqa: E402
 from chat_support.polling import wait_until  # noqa: E402
-from chat_support.servers import stop  # noqa: E402
 from chat_support.redis_server import configured_or_embedded  # noqa: E402
-from app.compaction.requests import CompactionRequests  # noqa: E402
-from app.compaction.service import run_compaction  # noqa: E402
+from chat_support.servers import stop  # noqa: E402
+from chat_support.threads import history, user_text  # noqa: E402
 
 TARGET_RATIO = 1.1
 TRIGGER_TURN = 5  # with MEMORY_RECENT_TURNS=4 and MEMORY_COMPACT_BATCH_TURNS=1: 10 messages > 8
@@ -182,7 +182,7 @@ class CompactionSwitch:
                 return None  # nothing left to request after done
             return appended
 
-        setattr(Turn, "_commit", commit)  # patches the class: every turn of this process (uninstall restores it)
+        Turn._commit = commit  # type: ignore[method-assign]  # patches the class: every turn of this process (uninstall restores it)
         mark = services.store.mark_compaction_pending
 
         def timed_mark(*args, **kwargs):  # an instance attribute of this process's store only
@@ -193,11 +193,11 @@ class CompactionSwitch:
                 if not self.inline:
                     self.marker_ms.append((time.perf_counter() - t0) * 1000)
 
-        setattr(services.store, "mark_compaction_pending", timed_mark)
+        services.store.mark_compaction_pending = timed_mark  # type: ignore[method-assign]
 
     def uninstall(self):
         self.services.compaction_requests = self.original
-        setattr(Turn, "_commit", self.original_commit)
+        Turn._commit = self.original_commit  # type: ignore[method-assign]
 
 
 # -- the worker --------------------------------------------------------------------------------------------------
@@ -308,7 +308,7 @@ def run_profile(name: str, *, llm: FakeLLM, server: LiveServer, services, client
         check_compacted(store, client, tid_i, window)
         if i < warmup:
             # Also waits for the worker to be up: the first async compaction must apply.
-            wait_until(lambda: store.load(tid_a).summary, 90, "the worker's first compaction")
+            wait_until(lambda tid_a=tid_a: store.load(tid_a).summary, 90, "the worker's first compaction")
             switch.enqueue_ms.clear()
             switch.inline_ms.clear()
             switch.marker_ms.clear()
@@ -336,7 +336,7 @@ def run_profile(name: str, *, llm: FakeLLM, server: LiveServer, services, client
             "reference_p50": statistics.median(ref), "reference_p90": pct(ref, 0.9),
             "trigger_p50": statistics.median(trig), "trigger_p90": pct(trig, 0.9),
             "ratio": statistics.median(trig) / statistics.median(ref),
-            "ratio_per_thread_p50": statistics.median(t / r for t, r in zip(trig, ref)),
+            "ratio_per_thread_p50": statistics.median(t / r for t, r in zip(trig, ref, strict=True)),
             "first_turn_p50": statistics.median(r[0] for r in rows),
         }
 

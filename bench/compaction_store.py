@@ -30,16 +30,16 @@ os.environ.setdefault("APP_ENV", "test")
 import redis  # noqa: E402
 from celery.contrib.testing.worker import start_worker  # noqa: E402
 
+import app.compaction.service as service_module  # noqa: E402
 from app import create_app  # noqa: E402
+from app.compaction.service import run_compaction  # noqa: E402
 from app.memory.compaction import uncompacted_tokens  # noqa: E402
 from app.memory.final_turn import FinalTurn  # noqa: E402
 from app.settings import Settings  # noqa: E402
 from app.store.keys import ThreadKeys  # noqa: E402
 from chat_support.fake_llm import FakeLLM, Reply  # noqa: E402
-from chat_support.threads import history, thread_id_for  # noqa: E402
 from chat_support.redis_server import configured_or_embedded  # noqa: E402
-import app.compaction.service as service_module  # noqa: E402
-from app.compaction.service import run_compaction  # noqa: E402
+from chat_support.threads import history, thread_id_for  # noqa: E402
 
 ANSWER = {"summary": "They chatted about small things.", "pinnedDecisions": ["Keep answers short"]}
 ANSWER_TAIL = ", and a few more words about it so that folding the turn frees room in the prompt" * 2

@@ -36,8 +36,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.memory.record import FOOTER, HEADER, Record, RecordLine
 from app.memory.context import RECORD_FOOTER, RECORD_HEADER, format_summary
+from app.memory.record import FOOTER, HEADER, Record, RecordLine
 from app.settings import Settings
 from scripts import local_model
 

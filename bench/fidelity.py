@@ -69,8 +69,7 @@ if TYPE_CHECKING:
 
 ROOT = Path(__file__).resolve().parent.parent
 
-from bench.replay import (Conversation, Replayer, System, SystemError_, _clip, load_kdconv,  # noqa: E402
-                          load_locomo, say)
+from bench.replay import Conversation, Replayer, System, SystemError_, _clip, load_kdconv, load_locomo, say  # noqa: E402
 
 KINDS = ("id", "date", "number", "name", "place", "decision", "preference")
 GROUPS = {"ids, dates, numbers": ("id", "date", "number"), "names, places": ("name", "place"),
@@ -530,7 +529,7 @@ def write_plot(methods: dict[str, MethodResult], facts: list[Fact], path: Path, 
 
     labels = [f"{lang} {group}" for lang in ("en", "zh") for group in GROUPS]
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.8), sharey=True)
-    for ax, which in zip(axes, ("retained", "answered")):
+    for ax, which in zip(axes, ("retained", "answered"), strict=False):
         width = 0.8 / len(methods)
         for i, (name, result) in enumerate(methods.items()):
             shares = breakdown(result, facts, which)

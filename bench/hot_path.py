@@ -70,8 +70,8 @@ from app.settings import MemoryLimits, Settings  # noqa: E402
 from app.store.keys import ThreadKeys  # noqa: E402
 from app.store.redis_client import make_redis  # noqa: E402
 from app.store.thread_store import ThreadStore  # noqa: E402
-from scripts.cluster import ClusterError, LocalCluster, free_cluster_ports  # noqa: E402
 from chat_support.redis_server import configured_or_embedded  # noqa: E402
+from scripts.cluster import ClusterError, LocalCluster, free_cluster_ports  # noqa: E402
 
 DEFAULT_DATA = ROOT.parent / "shared" / "data"
 DATA_FILES = {"en": "locomo10.json", "zh": "kdconv-sample.json"}

@@ -75,11 +75,11 @@ os.environ.setdefault("APP_ENV", "test")
 import requests  # noqa: E402
 import websocket  # noqa: E402
 
-from bench.replay import _read_json, free_port, locomo_turns, LOCOMO_FILE  # noqa: E402
-from scripts import local_model, model_server  # noqa: E402
+from bench.replay import LOCOMO_FILE, _read_json, free_port, locomo_turns  # noqa: E402
 from chat_support.fake_llm import FakeLLM  # noqa: E402
 from chat_support.live_app import Address, ChatClient  # noqa: E402
 from chat_support.redis_server import configured_or_embedded  # noqa: E402
+from scripts import local_model, model_server  # noqa: E402
 
 QUESTIONS = [
     "What is the capital of France? Answer in one sentence.",
@@ -340,7 +340,7 @@ class Seeder:
         self.domain = domain
         records = _read_json(data_dir / LOCOMO_FILE)
         lines = [t for record in records for t in locomo_turns(record)]
-        self.pairs = list(zip(lines[0::2], lines[1::2]))
+        self.pairs = list(zip(lines[0::2], lines[1::2], strict=False))
         self.next = 0
         self.seed_turns = seed_turns
         from chat_support.threads import thread_id_for

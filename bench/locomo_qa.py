@@ -526,9 +526,9 @@ class RedisServer:
             try:
                 client.ping()
                 return self
-            except redis.ConnectionError:
+            except redis.ConnectionError as exc:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("redis-server did not start")
+                    raise RuntimeError("redis-server did not start") from exc
                 time.sleep(0.1)
 
     def stop(self) -> None:

@@ -335,7 +335,7 @@ def conversation(stack: Stack, name: str, inputs: list[PersonTurn], pauses: list
         s.annotate(turns)
     finally:
         s.close()
-    for t, rep in zip(turns, repeats([t.answer for t in turns], args.dup_ratio)):
+    for t, rep in zip(turns, repeats([t.answer for t in turns], args.dup_ratio), strict=True):
         if rep is not None:
             t.repeat_of, t.repeat_ratio = turns[rep[0]].n, round(rep[1], 3)
     return turns
@@ -438,7 +438,7 @@ def folds_phase(stack: Stack, source: TurnSource, args) -> tuple[list[Turn], lis
         done_turns = [0] * len(refiners)
 
         def refiner_round(label: str) -> None:
-            for r, (s, script) in enumerate(zip(refiners, scripts)):
+            for r, (s, script) in enumerate(zip(refiners, scripts, strict=True)):
                 i = done_turns[r]
                 t = s.turn(script[i], Turn("d refiner", f"refiner-{r + 1}", i + 1, script[i].lang, script[i].source))
                 done_turns[r] += 1
@@ -464,7 +464,7 @@ def folds_phase(stack: Stack, source: TurnSource, args) -> tuple[list[Turn], lis
                 if not open_refines:
                     for s in refiners:
                         s.refresh()
-                    if all(len(s.refinements()) > n for s, n in zip(refiners, before)):
+                    if all(len(s.refinements()) > n for s, n in zip(refiners, before, strict=True)):
                         break  # every refiner's refinement of this round has run and ended
             measured.annotate(turns)
             spans = spans_now()

@@ -121,7 +121,7 @@ def run_mode(yields: bool, args) -> dict:
             busy, refinements = [], []
             for n in range(args.visitors):
                 done: list[float] = []
-                worker = threading.Thread(target=lambda n=n: done.append(
+                worker = threading.Thread(target=lambda n=n, done=done: done.append(
                     refinement(compaction_port, args.refine_prompt, args.refine_out, nonce + 1000 + n)))
                 worker.start()
                 time.sleep(args.lead)

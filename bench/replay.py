@@ -398,7 +398,7 @@ class System:
         return self
 
     def stop(self) -> None:
-        for name, proc, _ in reversed(self._procs):
+        for _name, proc, _ in reversed(self._procs):
             stop_process(proc, timeout=20)
         self._procs.clear()
         for stop in reversed(self._stops):
@@ -955,7 +955,7 @@ class Replayer:
         keys = [json.dumps(e, sort_keys=True) for e in entries]
         if entries and state.compaction_keys and keys[0] not in state.compaction_keys and len(entries) >= 50:
             result.history_gap = True  # more entries came than the history keeps between two reads
-        for key, entry in zip(keys, entries):
+        for key, entry in zip(keys, entries, strict=True):
             if key not in state.compaction_keys:
                 state.compaction_keys.add(key)
                 result.compactions.append(entry)
@@ -1076,7 +1076,7 @@ def write_plot(results: list[ConversationResult], path: Path, title: str) -> Pat
     fig, axes = plt.subplots(rows, cols, figsize=(width, height), squeeze=False)
     for ax in axes.flat[count:]:
         ax.set_visible(False)
-    for ax, res in zip(axes.flat, results):
+    for ax, res in zip(axes.flat, results, strict=False):
         done = [t for t in res.turns if t.status in WRITTEN]
         xs = [t.n for t in done]
         ax.plot(xs, [t.full_history_tokens for t in done], "--", color="#999999", linewidth=1.2,

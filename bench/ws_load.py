@@ -540,7 +540,7 @@ def run_phase(name: str, n_clients: int, turns: int, args, redis_url: str, fake:
         for c in clients:
             c.join()
         wall = time.monotonic() - t0
-        cpu = {pid: tuple(a - b for a, b in zip(cpu_seconds(pid), before)) for pid, before in cpu0.items()}
+        cpu = {pid: tuple(a - b for a, b in zip(cpu_seconds(pid), before, strict=True)) for pid, before in cpu0.items()}
         busy = machine_busy_seconds() - busy0
         # threads that ended during the phase (turn threads) are not counted: a lower bound
         switches = sum(context_switches(p) for p in worker_pids) - switches0

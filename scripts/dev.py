@@ -45,8 +45,7 @@ import urllib.request
 from datetime import datetime
 from pathlib import Path
 
-from honcho.environ import parse as parse_dotenv
-from honcho.environ import parse_procfile
+from honcho.environ import parse as parse_dotenv, parse_procfile
 from honcho.manager import Manager
 from honcho.printer import Message, Printer
 

@@ -96,7 +96,7 @@ def settings_variables() -> dict[str, tuple[Any, Any]]:
     """Every variable ``Settings.from_env`` reads -> ``(default, annotation with its constraints)``."""
     found: dict[str, tuple[Any, Any]] = {}
     hints = typing.get_type_hints(MemoryLimits, include_extras=True)
-    for name, info in Settings.model_fields.items():
+    for info in Settings.model_fields.values():
         alias = info.validation_alias
         names = [alias] if isinstance(alias, str) else list(getattr(alias, "choices", []))
         for variable in names:

@@ -56,19 +56,19 @@ import hashlib
 import http.client
 import ipaddress
 import json
-import sys
 import os
 import posixpath
 import re
 import shutil
 import socket
+import sys
 import tempfile
 import threading
-from typing import Any
 import urllib.parse
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 CACHE_HEADER = "X-Model-Cache-Key"
 WARMUP_HEADER = "X-Model-Warmup"  # "1": a prompt warm-up (app/llm/warmup.py), queued and preempted by turns
@@ -436,7 +436,7 @@ class SlotCache:
         if held is None:
             return None
         same = 0
-        for ours, theirs in zip(held, tokens):
+        for ours, theirs in zip(held, tokens, strict=False):
             if ours != theirs:
                 break
             same += 1

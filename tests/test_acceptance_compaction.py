@@ -17,10 +17,25 @@ from app.compaction.service import run_compaction
 from app.memory.state import utc_now_iso
 from app.store.redis_client import make_redis
 from chat_support.fake_llm import Reply
-from tests.fixtures.celery_worker import (NUMBERS_ANSWER, asked, commit_turn, fold_now, folded_section, history,
-                                          message_ids, raw_hash, record, refine_now, rendered, seed_turns,
-                                          thread_id_for, turn_ids, wait_no_refinement, wait_until)
 from chat_support.redis_server import start_embedded_server
+from tests.fixtures.celery_worker import (
+    NUMBERS_ANSWER,
+    asked,
+    commit_turn,
+    fold_now,
+    folded_section,
+    history,
+    message_ids,
+    raw_hash,
+    record,
+    refine_now,
+    rendered,
+    seed_turns,
+    thread_id_for,
+    turn_ids,
+    wait_no_refinement,
+    wait_until,
+)
 
 ANSWER = NUMBERS_ANSWER
 FOLDED = record(1, 2, asked(1), asked(2))

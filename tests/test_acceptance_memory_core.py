@@ -14,16 +14,16 @@ import redis
 import tiktoken
 from marshmallow import ValidationError
 
+from app.identity import thread_id_for
+from app.memory.compaction import CompactionAnswer, InvalidCompactionOutput, validate_answer
 from app.memory.context import ContextTooLong, assemble_context
 from app.memory.final_turn import TRUNCATION_NOTICE, FinalTurn, TurnRejected
 from app.memory.hydration import ForbiddenKeyError, assert_no_forbidden_keys, build_hydration
-from app.memory.compaction import CompactionAnswer, InvalidCompactionOutput, validate_answer
 from app.memory.schemas import stored_state_schema
 from app.memory.state import ThreadState
 from app.memory.tokens import MESSAGE_OVERHEAD, REPLY_PRIMING, TokenCounter
 from app.settings import MemoryLimits
 from app.store.keys import ThreadKeys
-from app.identity import thread_id_for
 from chat_support.fake_llm import Reply
 from chat_support.live_app import ChatClient, answer_text
 from tests.fixtures.memory_data import CREATED, ENGLISH, message, new_thread_id, state, text_of_chars
@@ -314,7 +314,7 @@ def test_B6_turns_dropped_to_fit_the_budget_are_whole_turns(make_live_app, app_s
     live = make_live_app(app_settings.with_overrides(model_context_tokens=budget + 1024, reserved_output_tokens=1024))
     browser = ChatClient(live)
     thread_id = browser.thread()["threadId"]
-    for u, a in zip(msgs[::2], msgs[1::2]):
+    for u, a in zip(msgs[::2], msgs[1::2], strict=False):
         store.commit_messages(thread_id, u, a, dedupe_by_text=False)
     browser.connect()
     assert browser.turn("next?")[-1]["status"] == "completed"
@@ -343,7 +343,7 @@ def test_B6_at_every_budget_the_first_recent_message_is_a_user_message():
         kept_counts.add(len(recent))
         if recent:
             assert recent[0].role == "user"
-        for user, assistant in zip(recent[::2], recent[1::2]):
+        for user, assistant in zip(recent[::2], recent[1::2], strict=False):
             assert (user.role, assistant.role, user.content[1:2]) == ("user", "assistant", assistant.content[1:2])
         assert len(recent) % 2 == 0
     assert kept_counts == {0, 2, 4, 6, 8, 10, 12}

@@ -124,7 +124,7 @@ def test_b4_stream_aborted_after_20_tokens_stores_nothing(chat, fake_llm, store,
     assert not [m for m in prompt if m["role"] == "assistant" and not m["content"].strip()]
     assert "PARTIAL" not in json.dumps(prompt)
     assert "first try" not in json.dumps(prompt)
-    recent = [{"role": r, "content": t} for pair in seeded.recent for r, t in zip(("user", "assistant"), pair)]
+    recent = [{"role": r, "content": t} for pair in seeded.recent for r, t in zip(("user", "assistant"), pair, strict=True)]
     assert prompt == [{"role": "system", "content": app_settings.system_prompt}, *recent,
                       {"role": "user", "content": "second try"}]
     assert [m["text"] for m in hydrate(chat)["messages"]][-2:] == ["second try", "complete answer"]

@@ -11,12 +11,12 @@ import pytest
 
 from app import create_app
 from app.memory.final_turn import FinalTurn
+from app.settings import MemoryLimits
 from app.store.archive import CACHE_MAX_BYTES, Archive
 from app.store.keys import ThreadKeys
 from app.store.redis_client import make_redis
 from app.store.thread_store import ThreadStore
-from app.settings import MemoryLimits
-from tests.fixtures.memory_data import CREATED, new_thread_id, turn, text_record
+from tests.fixtures.memory_data import CREATED, new_thread_id, text_record, turn
 
 
 @pytest.fixture

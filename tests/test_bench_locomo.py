@@ -13,7 +13,6 @@ import pytest
 from bench import locomo_qa as L
 from tests.helpers.public_data import public_data
 
-
 RECORD = {
     "sample_id": "synthetic-1",
     "conversation": {

@@ -20,12 +20,24 @@ from app.settings import MemoryLimits
 from app.store.keys import ThreadKeys
 from app.store.redis_client import ClusterClient, ClusterUnavailable, make_redis
 from app.store.thread_store import StoreUnavailable, ThreadStore
-from scripts.cluster import free_cluster_ports
 from chat_support.fake_llm import Reply
-from tests.fixtures.celery_worker import (NUMBERS_ANSWER, asked, commit_turn, folded_section, history, message_ids,
-                                          record, rendered, seed_turns, thread_id_for, turn_ids, wait_no_refinement,
-                                          wait_until)
 from chat_support.live_app import ChatClient
+from scripts.cluster import free_cluster_ports
+from tests.fixtures.celery_worker import (
+    NUMBERS_ANSWER,
+    asked,
+    commit_turn,
+    folded_section,
+    history,
+    message_ids,
+    record,
+    rendered,
+    seed_turns,
+    thread_id_for,
+    turn_ids,
+    wait_no_refinement,
+    wait_until,
+)
 
 ANSWER = NUMBERS_ANSWER
 SUMMARY = record(1, 2, asked(1), asked(2), "- About: " + ANSWER["summary"])

@@ -24,11 +24,10 @@ import redis
 import websocket
 
 from app.store.keys import ThreadKeys
-from scripts.cluster import ClusterError
 from chat_support.fake_llm import Reply
-from tests.fixtures.celery_worker import (ANSWER_TAIL, asked, history, record, user_text, wait_no_refinement,
-                                          wait_until)
 from chat_support.live_app import ChatClient, answer_text
+from scripts.cluster import ClusterError
+from tests.fixtures.celery_worker import ANSWER_TAIL, asked, history, record, user_text, wait_no_refinement, wait_until
 
 ANSWER = {"summary": "They talked about small things.", "pinnedDecisions": []}
 # Long enough that folding one turn leaves room for the model's gist under the gain rule (docs/memory.md: A compaction):

@@ -26,10 +26,10 @@ from app.memory.migration import read_record
 from app.store.keys import ThreadKeys
 from app.store.redis_client import make_redis
 from chat_support.fake_llm import Reply
-from tests.fixtures.celery_worker import ANSWER_TAIL, history, user_text, wait_until
 from chat_support.live_app import ChatClient, answer_text
 from chat_support.processes import PROCFILE, ROOT, prod_env, stop_group
 from chat_support.servers import free_ports, wait_http
+from tests.fixtures.celery_worker import ANSWER_TAIL, history, user_text, wait_until
 
 ANSWER = {"summary": "They talked about small things.", "pinnedDecisions": []}
 SECOND_ANSWER = {"summary": "They talked about the number two.", "pinnedDecisions": []}
@@ -91,7 +91,7 @@ def test_a_socket_that_moves_to_the_other_web_process_continues_the_thread(procf
     procs += [worker(n, env, tmp_path / f"worker-{n}.log") for n in (1, 2)]
     first, second = Web(ports[0]), Web(ports[1])
     try:
-        for web, proc, port in zip((first, second), procs, ports):
+        for web, proc, port in zip((first, second), procs, ports, strict=True):
             assert wait_http(web.url + "/healthz", proc, tmp_path / f"web-{port}.log", timeout=60).status_code == 200
         wait_until(lambda: consumers(settings.celery_broker_url) == 2, 90, message="both workers to consume",
                    interval=0.5)

@@ -15,8 +15,20 @@ from hypothesis import given, settings as hsettings, strategies as st
 
 from app.memory import compaction as c
 from app.memory.compaction.notes import merge_notes, note_problem
-from app.memory.compaction.record import (ABOUT, ASSISTANT, LINE_MAX_CHARS, PERSON, TEXT, Record, RecordLine,
-                                          fit_record, HEADER, condense, statement_lines, statement_sentences)
+from app.memory.compaction.record import (
+    ABOUT,
+    ASSISTANT,
+    HEADER,
+    LINE_MAX_CHARS,
+    PERSON,
+    TEXT,
+    Record,
+    RecordLine,
+    condense,
+    fit_record,
+    statement_lines,
+    statement_sentences,
+)
 from app.memory.migration import read_record
 from app.memory.state import Pin, ThreadMessage, ThreadState
 from app.memory.tokens import counter_for
@@ -522,7 +534,7 @@ def test_repeated_folds_append_never_rewrite_and_stay_within_both_limits():
     state = thread(6, texts=planted)
     summaries = []
     n = 6
-    for cycle in range(10):
+    for _cycle in range(10):
         result = compose(state, limits=limits)
         assert len(result.summary) <= 800 and COUNTER.count(result.summary) <= c.summary_token_cap(BUDGET)
         assert [s for s in summaries if s in result.summary] == []  # no earlier summary is nested inside

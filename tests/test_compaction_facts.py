@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from app.memory.compaction.facts import check_facts, extract_facts, fact_present, facts_of, states_decision, unread_share
+from app.memory.compaction.facts import (
+    check_facts,
+    extract_facts,
+    fact_present,
+    facts_of,
+    states_decision,
+    unread_share,
+)
 
 ENGLISH = [
     ('Hi, my name is Lin Wei.', ['Lin Wei']),

@@ -23,7 +23,6 @@ from chat_support.form_cases import LABELLED
 from tests.helpers.public_data import public_data
 
 
-
 @lru_cache(maxsize=1)
 def locomo() -> list[dict]:
     return json.loads(public_data("locomo10.json").read_text())

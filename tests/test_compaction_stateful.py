@@ -23,8 +23,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from app.compaction.service import commit, prepare, produce, run_compaction
 from app.llm.provider import LLMError
-from app.memory.compaction import InvalidCompactionOutput
-from app.memory.compaction import hard_cap_messages
+from app.memory.compaction import InvalidCompactionOutput, hard_cap_messages
 from app.settings import MemoryLimits
 from tests.fixtures.celery_worker import commit_turn, thread_id_for
 

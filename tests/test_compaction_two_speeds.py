@@ -6,7 +6,6 @@ Real Redis, the fake LLM over HTTP; the service's task bodies are called directl
 
 from __future__ import annotations
 
-
 from app.compaction.service import STREAMING_POLL_SECONDS, run_compaction, run_refinement
 from app.memory.compaction import hard_cap_messages
 from app.memory.final_turn import FinalTurn

@@ -20,8 +20,15 @@ from pathlib import Path
 import pytest
 
 from app.compaction.requests import TASK_NAME, queued_marker_ttl
-from app.compaction.service import (MESSAGE_FAILED, MESSAGE_FOLDED, MESSAGE_RETRYING, MESSAGE_SUCCEEDED, prepare,
-                                    produce, run_refinement)
+from app.compaction.service import (
+    MESSAGE_FAILED,
+    MESSAGE_FOLDED,
+    MESSAGE_RETRYING,
+    MESSAGE_SUCCEEDED,
+    prepare,
+    produce,
+    run_refinement,
+)
 from app.extensions import Services
 from app.llm.provider import LLMError
 from app.memory import compaction as domain
@@ -30,9 +37,23 @@ from app.memory.migration import read_record
 from app.memory.state import PINNED_BY_PERSON, Pin
 from app.store.keys import ThreadKeys
 from chat_support.fake_llm import Reply
-from tests.fixtures.celery_worker import (asked, assistant_text, commit_turn, fold_now, folded_section, history,
-                                          message_ids, raw_hash, record, refine_now, rendered, seed_turns,
-                                          thread_id_for, turn_ids, wait_until)
+from tests.fixtures.celery_worker import (
+    asked,
+    assistant_text,
+    commit_turn,
+    fold_now,
+    folded_section,
+    history,
+    message_ids,
+    raw_hash,
+    record,
+    refine_now,
+    rendered,
+    seed_turns,
+    thread_id_for,
+    turn_ids,
+    wait_until,
+)
 from workers.tasks import compact_thread
 
 ROOT = Path(__file__).resolve().parent.parent

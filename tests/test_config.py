@@ -17,8 +17,17 @@ import pytest
 
 from app.settings import ConfigError, Settings, mask_url
 from app.startup import celery_command
-from chat_support.config_env import (PASSWORD, ROOT, SECRET, assert_config_error, celery, clean_env, import_wsgi,
-                                      production, run)
+from chat_support.config_env import (
+    PASSWORD,
+    ROOT,
+    SECRET,
+    assert_config_error,
+    celery,
+    clean_env,
+    import_wsgi,
+    production,
+    run,
+)
 from chat_support.servers import free_port, port_open, stop, wait_http
 
 HINT = "(python -c 'import secrets; print(secrets.token_hex(32))')"

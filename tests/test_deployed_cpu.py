@@ -15,8 +15,8 @@ import threading
 import pytest
 
 from chat_support.fake_llm import FakeLLM, Reply
-from tests.fixtures.deployed_web import Visitor
 from chat_support.live_app import answer_text
+from tests.fixtures.deployed_web import Visitor
 
 ANSWER = " ".join(f"word{i}" for i in range(60))
 
@@ -62,7 +62,7 @@ def test_crafted_messages_complete_or_are_refused_while_another_socket_streams_w
         assert set(outcomes) <= {"completed", "input_too_long"} and outcomes[0] == outcomes[-1] == "completed"
         assert [(f[-1]["status"], answer_text(f)) for f in results["frames"]] == [("completed", ANSWER)] * 3
         stored = [m["text"] for m in crafting.thread()["messages"] if m["role"] == "user"]
-        kept = [text.strip() for text, outcome in zip(CRAFTED, outcomes) if outcome == "completed"]
+        kept = [text.strip() for text, outcome in zip(CRAFTED, outcomes, strict=True) if outcome == "completed"]
         assert stored[-len(kept[-2:]):] == kept[-2:]  # the recent window holds the newest, word for word
         assert "Traceback" not in deployed.log_text()
     finally:

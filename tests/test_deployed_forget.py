@@ -29,12 +29,12 @@ from pathlib import Path
 import pytest
 
 from app.store.keys import ThreadKeys
-from tests.helpers.store_dump import store_text
 from chat_support.fake_llm import FakeLLM, Reply
+from chat_support.processes import PROCFILE, ROOT, stop_group
 from tests.fixtures.celery_worker import history, wait_until
 from tests.fixtures.deployed_web import Deployed, Visitor
-from chat_support.processes import PROCFILE, ROOT, stop_group
 from tests.fixtures.lanes import starts_processes
+from tests.helpers.store_dump import store_text
 
 WORD = "zebrafinch"
 PLANTED = f"My locker code is {WORD}-4471, keep it safe."

@@ -21,9 +21,9 @@ import websocket
 
 from app.settings import ConfigError, Settings
 from chat_support.fake_llm import FakeLLM, Reply, words
-from tests.fixtures.deployed_web import Visitor
 from chat_support.live_app import answer_text
 from chat_support.polling import wait_until
+from tests.fixtures.deployed_web import Visitor
 
 PER_WORKER, WORKERS, PER_SESSION = 6, 2, 4
 # Counts the page's sockets and records each close as [code, wasClean] (the page's own code is unchanged).

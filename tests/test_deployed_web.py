@@ -27,8 +27,8 @@ import websocket
 from app.memory.state import thread_label
 from app.store.keys import ThreadKeys
 from chat_support.fake_llm import FakeLLM, Reply
-from tests.fixtures.deployed_web import Visitor
 from chat_support.live_app import answer_text
+from tests.fixtures.deployed_web import Visitor
 
 ANSWER = "Hello from the deployed web."
 FOREIGN = "http://evil.example"

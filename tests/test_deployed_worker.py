@@ -28,10 +28,18 @@ import redis
 
 from app.store.keys import ThreadKeys
 from chat_support.fake_llm import Reply
-from tests.fixtures.celery_worker import (commit_turn, folded_section, history, rendered, seed_turns, thread_id_for,
-                                          wait_no_refinement, wait_until)
 from chat_support.processes import PROCFILE, prod_env, stop_group
 from chat_support.servers import free_port, port_open
+from tests.fixtures.celery_worker import (
+    commit_turn,
+    folded_section,
+    history,
+    rendered,
+    seed_turns,
+    thread_id_for,
+    wait_no_refinement,
+    wait_until,
+)
 
 ANSWER = {"summary": "They talked about where they live.", "pinnedDecisions": []}
 

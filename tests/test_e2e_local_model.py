@@ -44,8 +44,8 @@ import pytest
 import requests
 
 from chat_support.live_app import ChatClient, answer_text
-from chat_support.processes import descendants
 from chat_support.polling import wait_until
+from chat_support.processes import descendants
 from chat_support.servers import free_ports, port_open
 from tests.fixtures.lanes import starts_processes
 

@@ -18,8 +18,20 @@ import urllib.request
 import openai
 import pytest
 
-from chat_support.fake_llm import (DEFAULT_TEXT, CutPlan, FakeLLM, FakeLLMProcess, Replay, Reply, answer_of,
-                                   plan_pieces, progress_events, split_tokens, wait_events, words)
+from chat_support.fake_llm import (
+    DEFAULT_TEXT,
+    CutPlan,
+    FakeLLM,
+    FakeLLMProcess,
+    Replay,
+    Reply,
+    answer_of,
+    plan_pieces,
+    progress_events,
+    split_tokens,
+    wait_events,
+    words,
+)
 from chat_support.polling import wait_until
 from chat_support.servers import free_port, port_open
 

@@ -17,10 +17,10 @@ from app.memory.forget import Quoting, contains_phrase, plan_forget
 from app.memory.record import PERSON, Record, RecordLine
 from app.memory.state import Pin, ThreadState
 from app.store.keys import ThreadKeys
-from tests.helpers.store_dump import store_text
 from chat_support.fake_llm import Reply
-from tests.fixtures.celery_worker import commit_turn, history, seed_turns
 from chat_support.live_app import ChatClient, LiveServer
+from tests.fixtures.celery_worker import commit_turn, history, seed_turns
+from tests.helpers.store_dump import store_text
 
 WORD = "zebrafinch"
 PLANTED = f"My locker code is {WORD}-4471, keep it safe."

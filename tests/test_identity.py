@@ -11,8 +11,8 @@ import re
 import pytest
 
 from app import create_app
-from app.memory.final_turn import FinalTurn
 from app.identity import SESSION_KEY, thread_id_for
+from app.memory.final_turn import FinalTurn
 from chat_support.live_app import ChatClient
 
 THREAD_RE = re.compile(r"^chat:[a-f0-9]{64}$")

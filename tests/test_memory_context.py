@@ -20,8 +20,7 @@ from app.memory.context import (
     shorten_answer,
 )
 from app.memory.migration import read_record
-from app.memory.record import HEADER as RECORD_LINES_HEADER
-from app.memory.record import PERSON, Record, RecordLine
+from app.memory.record import HEADER as RECORD_LINES_HEADER, PERSON, Record, RecordLine
 from app.memory.state import ThreadState
 from app.memory.tokens import MESSAGE_OVERHEAD, REPLY_PRIMING, TokenCounter
 from tests.fixtures.memory_data import CHINESE, ENGLISH, message, state, text_of_chars, text_record, turns
@@ -149,7 +148,7 @@ def test_prompt_never_starts_recent_with_an_assistant_and_never_splits_a_turn(bu
     assert len(recent) % 2 == 0
     if recent:
         assert recent[0].role == "user"
-    for user, assistant in zip(recent[::2], recent[1::2]):
+    for user, assistant in zip(recent[::2], recent[1::2], strict=False):
         assert (user.role, assistant.role) == ("user", "assistant")
         assert user.content.split(" ")[0][1:] == assistant.content.split(" ")[0][1:]  # U<i> with A<i>
     assert ctx.dropped_turns == 6 - len(recent) // 2

@@ -16,14 +16,11 @@ import textwrap
 import pytest
 import regex
 
-from app.memory import recall as recall_module
-from app.memory import words as words_module
-from app.memory.compaction import facts as facts_module
-from app.memory.compaction import record as record_module
+from app.memory import recall as recall_module, words as words_module
+from app.memory.compaction import facts as facts_module, record as record_module
 from app.memory.compaction.facts import MAX_FACTS, extract_facts
 from app.memory.compaction.record import SBD_WINDOW_CHARS, sentences
-from app.memory.recall import (MAX_CANDIDATES, MAX_QUERY_TOKENS, MAX_STEPS, ArchivedTurn, ArchiveIndex, recall,
-                               tokenize)
+from app.memory.recall import MAX_CANDIDATES, MAX_QUERY_TOKENS, MAX_STEPS, ArchivedTurn, ArchiveIndex, recall, tokenize
 from app.memory.state import ThreadMessage
 from app.memory.tokens import TokenCounter
 

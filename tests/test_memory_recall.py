@@ -6,11 +6,10 @@ from __future__ import annotations
 import pytest
 
 from app.memory import compaction as c
-from app.memory.context import RECORD_HEADER, assemble_context
 from app.memory.compaction.record import PERSON, Record, RecordLine, mark_replaced
+from app.memory.context import RECORD_HEADER, assemble_context
 from app.memory.migration import read_record
-from app.memory.recall import (RECALL_FOOTER, RECALL_HEADER, ArchivedTurn, ArchiveIndex, format_recall, recall,
-                               tokenize)
+from app.memory.recall import RECALL_FOOTER, RECALL_HEADER, ArchivedTurn, ArchiveIndex, format_recall, recall, tokenize
 from app.memory.state import ThreadMessage, ThreadState
 from app.memory.tokens import counter_for
 from app.settings import MemoryLimits
@@ -101,8 +100,8 @@ def test_recalled_text_cannot_close_its_section():
 ABOUT_OFFSITE = Record(1, 2, (RecordLine("about", "an offsite"),))
 
 
-def state_with(messages=(), record=Record(), folded=0) -> ThreadState:
-    return ThreadState(tuple(messages), record, folded_turns=folded)
+def state_with(messages=(), record: Record | None = None, folded=0) -> ThreadState:
+    return ThreadState(tuple(messages), record if record is not None else Record(), folded_turns=folded)
 
 
 def test_the_prompt_carries_recall_after_the_recent_turns_before_the_input_within_its_share():

@@ -22,18 +22,18 @@ from types import SimpleNamespace
 import pytest
 import redis
 import requests
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 from prometheus_client.mmap_dict import MmapedDict, mmap_key
 from prometheus_client.parser import text_string_to_metric_families
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from app.observability import metrics
 from app.settings import MemoryLimits
 from app.store.keys import WORKER_METRICS_KEY
 from chat_support.fake_llm import Reply
-from tests.fixtures.celery_worker import history, seed_turns, wait_no_refinement, wait_until
 from chat_support.live_app import ChatClient, LiveServer
 from chat_support.servers import free_port, stop
+from tests.fixtures.celery_worker import history, seed_turns, wait_no_refinement, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 FAMILIES = {
@@ -328,7 +328,7 @@ def test_metrics_add_up_across_gunicorn_processes(redis_url, fake_llm, tmp_path)
         while len(_per_pid(prom, "counter", "chat_turns_total", status="completed")) < 2 and turns < 48:
             results = []
 
-            def one_turn():
+            def one_turn(results: list = results) -> None:
                 client = ChatClient(server).connect()
                 try:
                     results.append(client.turn("hello")[-1]["status"])

@@ -35,5 +35,5 @@ def test_the_bundled_model_answers_the_corrected_value(bundled_model, tmp_path):
             {"role": "user", "content": c.question}]) for c in CHOSEN}
     finally:
         bundled_model.stop(model)
-    wrong = {key: text for (key, text), case in zip(answers.items(), CHOSEN) if not answered(case, text)}
+    wrong = {key: text for (key, text), case in zip(answers.items(), CHOSEN, strict=True) if not answered(case, text)}
     assert wrong == {}

@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 
 from chat_support.servers import free_ports
-from tests.helpers.model_server import server_pids
 from scripts import cpu_yield
 from tests.fixtures.lanes import starts_processes
+from tests.helpers.model_server import server_pids
 
 ROOT = Path(__file__).resolve().parent.parent
 KEY = "a" * 64

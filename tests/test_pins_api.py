@@ -18,8 +18,8 @@ from app.memory.state import Pin
 from app.memory.tokens import TokenCounter
 from app.settings import MemoryLimits
 from chat_support.fake_llm import Reply
-from tests.fixtures.celery_worker import WORDS, user_text
 from chat_support.live_app import ChatClient, LiveServer
+from tests.fixtures.celery_worker import WORDS, user_text
 
 
 def pin(client: ChatClient, **body):

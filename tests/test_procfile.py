@@ -27,12 +27,12 @@ import pytest
 import requests
 
 from app.store.keys import ThreadKeys
-from chat_support.fake_llm import Reply, words
-from tests.fixtures.celery_worker import asked, history, raw_hash, record, seed_turns, thread_id_for, wait_until
-from chat_support.live_app import ChatClient, answer_text, frame_kinds
 from chat_support.config_env import PASSWORD
+from chat_support.fake_llm import Reply, words
+from chat_support.live_app import ChatClient, answer_text, frame_kinds
 from chat_support.processes import PROCFILE, prod_env, stop_group
 from chat_support.servers import free_port, wait_http
+from tests.fixtures.celery_worker import asked, history, raw_hash, record, seed_turns, thread_id_for, wait_until
 
 ANSWER = {"summary": "They talked about the numbers one and two.", "pinnedDecisions": ["Keep answers short"]}
 

@@ -11,8 +11,19 @@ from hypothesis import given, settings as hsettings, strategies as st
 from app.memory import compaction as c
 from app.memory.context import format_summary
 from app.memory.migration import EMPTY, TEXT_FORMAT, read_record, stored_format
-from app.memory.record import (ABOUT, ASKED, ASSISTANT, FORMAT_VERSION, KINDS, PERSON, TEXT, TOLD, Record, RecordLine,
-                               UnsupportedRecordFormat)
+from app.memory.record import (
+    ABOUT,
+    ASKED,
+    ASSISTANT,
+    FORMAT_VERSION,
+    KINDS,
+    PERSON,
+    TEXT,
+    TOLD,
+    Record,
+    RecordLine,
+    UnsupportedRecordFormat,
+)
 from app.memory.tokens import counter_for
 from app.settings import MemoryLimits
 from app.store.keys import ThreadKeys

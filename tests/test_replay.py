@@ -22,8 +22,17 @@ from app.memory import compaction as domain
 from app.memory.state import ThreadMessage, ThreadState
 from app.memory.tokens import counter_for
 from app.settings import MemoryLimits
-from bench.replay import (Conversation, ReplayFakeModel, Replayer, _clip, account, kdconv_turns, load_kdconv,
-                          load_locomo, locomo_turns)
+from bench.replay import (
+    Conversation,
+    Replayer,
+    ReplayFakeModel,
+    _clip,
+    account,
+    kdconv_turns,
+    load_kdconv,
+    load_locomo,
+    locomo_turns,
+)
 from chat_support.live_app import LiveServer
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -25,8 +25,19 @@ from chat_support.fake_llm import Reply
 from chat_support.live_app import ChatClient, answer_text, frame_kinds
 from tests.fixtures.runs import commit_recorded_final
 from tests.fixtures.streamed_chat import wait_for
-from tests.helpers.tool_scripts import (PLAN_ITEMS, has_tool_results, last_user, matching, only_run, planner,
-                                        run_keys, script_tasklist, stage, texts, worker_for)
+from tests.helpers.tool_scripts import (
+    PLAN_ITEMS,
+    has_tool_results,
+    last_user,
+    matching,
+    only_run,
+    planner,
+    run_keys,
+    script_tasklist,
+    stage,
+    texts,
+    worker_for,
+)
 
 # ------------------------------------------------------------------------------------------ helpers
 
@@ -463,10 +474,9 @@ def test_agent_writing_before_the_turn_runner_is_deduplicated(chat, fake_llm, li
 
 
 def test_compaction_keeps_recent_runtime_answers_verbatim(chat, fake_llm, live_app, redis_client):
-    from tests.fixtures.celery_worker import assistant_text, user_text
     from app.compaction.service import run_compaction, run_refinement
     from app.store.keys import ThreadKeys
-    from tests.fixtures.celery_worker import asked, record
+    from tests.fixtures.celery_worker import asked, assistant_text, record, user_text
 
     services = live_app.app.extensions["chat"]
     thread_id = chat.thread()["threadId"]

@@ -8,11 +8,11 @@ import json
 
 import pytest
 
+from app.memory.final_turn import FinalTurn
 from app.runtime.run_store import Run, RunStore, new_run_id
+from app.settings import MemoryLimits
 from app.store.keys import ThreadKeys
 from app.store.redis_client import make_redis
-from app.memory.final_turn import FinalTurn
-from app.settings import MemoryLimits
 from app.store.thread_store import StoreUnavailable, ThreadStore
 from chat_support.live_app import ChatClient
 from tests.helpers.errors import assert_no_exception_text

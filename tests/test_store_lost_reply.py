@@ -13,8 +13,8 @@ from __future__ import annotations
 import pytest
 
 from app.memory.final_turn import FinalTurn
-from app.store.redis_client import make_redis
 from app.memory.state import Pin
+from app.store.redis_client import make_redis
 from app.store.thread_store import OutcomeUnknown, StoreUnavailable, ThreadStore
 from tests.fixtures.lossy_proxy import LossyProxy, proxied_url
 from tests.fixtures.memory_data import new_thread_id
@@ -97,7 +97,7 @@ def test_a_commit_whose_reply_and_read_back_are_lost_is_unknown_not_unsaved(loss
 
 
 def _forget(lossy_store, tid: str, state, turn: int):
-    ids = [m.id for messages, n in zip(state.turns(), state.turn_numbers()) if n == turn for m in messages]
+    ids = [m.id for messages, n in zip(state.turns(), state.turn_numbers(), strict=True) if n == turn for m in messages]
     return lossy_store.forget_turn(tid, expected_gen=state.gen, turns=[turn], message_ids=ids, record=None,
                                    notes=list(state.notes), entries=[{"at": 1, "forgottenTurn": turn}], max_entries=50,
                                    turn_message_ids=ids)

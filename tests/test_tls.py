@@ -33,8 +33,8 @@ from app.settings import Settings
 from app.store.keys import ThreadKeys
 from app.store.redis_client import celery_broker_url, make_redis
 from chat_support.fake_llm import Reply
-from tests.fixtures.celery_worker import asked, history, record, seed_turns, thread_id_for, wait_until
 from chat_support.servers import free_port, port_open, stop
+from tests.fixtures.celery_worker import asked, history, record, seed_turns, thread_id_for, wait_until
 from tests.fixtures.lanes import starts_processes
 
 ROOT = Path(__file__).resolve().parent.parent

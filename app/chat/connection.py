@@ -32,9 +32,9 @@ import orjson
 from flask import current_app
 from simple_websocket import ConnectionClosed
 
+from app.chat.turn import off_the_event_loop
 from app.extensions import Services
 from app.llm.warmup import PromptWarmup
-from app.chat.turn import off_the_event_loop
 from app.memory.context import ContextTooLong, assemble_context
 from app.memory.state import thread_label
 from app.store.thread_store import CorruptState, StoreUnavailable

@@ -13,9 +13,21 @@ from typing import Any
 
 from marshmallow import validates
 
-from app.chat.client_input import (INVALID_TEXT, ClientRefused, ClientSchema, JSONRefused, Refusal, check,
-                                   client_text, is_blank, load_client, loads_client_json, message_id, refuse,
-                                   storable)
+from app.chat.client_input import (
+    INVALID_TEXT,
+    ClientRefused,
+    ClientSchema,
+    JSONRefused,
+    Refusal,
+    check,
+    client_text,
+    is_blank,
+    load_client,
+    loads_client_json,
+    message_id,
+    refuse,
+    storable,
+)
 
 EMPTY_INPUT = Refusal("empty_input", "Please type a message first.")
 INVALID_ID = Refusal("invalid_id", "The message id must be 1-128 letters, digits, '-', '_', '.' or ':'.")

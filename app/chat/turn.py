@@ -30,8 +30,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
-from app.extensions import Services
 from app.compaction.service import fold_at_cap
+from app.extensions import Services
 from app.llm.client import CancelEvent, StreamStats
 from app.llm.provider import LLMError
 from app.memory.compaction import forms

@@ -42,11 +42,11 @@ from typing import TYPE_CHECKING, Sequence
 
 from celery.utils.time import get_exponential_backoff_interval
 
+from app.compaction.requests import STREAMING, SendRefine, retry_marker_ttl, running_marker_ttl
 from app.llm.provider import LLMError
 from app.llm.structured import answer_schema, strict_answer_schema
 from app.memory import compaction as domain
 from app.memory.compaction import CompactionAnswer, CompactionPlan, CompactionResult, Strategy
-from app.compaction.requests import STREAMING, SendRefine, retry_marker_ttl, running_marker_ttl
 from app.memory.state import ThreadState, thread_label, utc_now_iso
 from app.store.compaction_history import HISTORY_MAX
 from app.store.compaction_outcome import Outcome, Reason, reason_of

@@ -54,8 +54,7 @@ from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 from app.memory.recall import RECALL_FOOTER, RECALL_SHARE, ArchivedTurn, ArchiveIndex, format_recall, recall
-from app.memory.record import HEADER as RECORD_LINES_HEADER
-from app.memory.record import Record
+from app.memory.record import HEADER as RECORD_LINES_HEADER, Record
 from app.memory.state import ThreadState
 from app.memory.tokens import REPLY_PRIMING, TokenCounter
 

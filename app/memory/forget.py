@@ -28,9 +28,9 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Collection, Iterable, Sequence
 
-from app.memory.words import tokens as tokenize
 from app.memory.record import Record, RecordLine
 from app.memory.state import ThreadMessage, ThreadState
+from app.memory.words import tokens as tokenize
 
 _ID_PARTS_RE = re.compile(r"[-_./:#@]")
 
@@ -125,7 +125,7 @@ class ForgetPlan:
 
 def recent_turn(state: ThreadState, turn: int) -> tuple[ThreadMessage, ...]:
     """The messages of turn ``turn`` among the recent ones (a tuple; empty when not there)."""
-    return tuple(m for msgs, n in zip(state.turns(), state.turn_numbers()) for m in msgs if n == turn)
+    return tuple(m for msgs, n in zip(state.turns(), state.turn_numbers(), strict=True) for m in msgs if n == turn)
 
 
 def _line_goes(line: RecordLine, turns: Collection[int], quoting: Quoting, phrase: str | None) -> bool:
@@ -154,7 +154,7 @@ def plan_forget(state: ThreadState, turn: int | Collection[int], *, forgotten: S
     turns = frozenset((turn,) if isinstance(turn, int) else turn)
     if quoting is None:
         quoting = Quoting.of(forgotten, kept)
-    ids = tuple(m.id for msgs, n in zip(state.turns(), state.turn_numbers()) if n in turns for m in msgs)
+    ids = tuple(m.id for msgs, n in zip(state.turns(), state.turn_numbers(), strict=True) if n in turns for m in msgs)
     lines, dropped = [], 0
     for line in state.record.lines:
         if _line_goes(line, turns, quoting, phrase):
@@ -164,7 +164,7 @@ def plan_forget(state: ThreadState, turn: int | Collection[int], *, forgotten: S
         else:
             lines.append(line)
     changed = dropped or len(lines) != len(state.record.lines) or any(
-        a is not b for a, b in zip(lines, state.record.lines))
+        a is not b for a, b in zip(lines, state.record.lines, strict=False))
     record = Record(state.record.first_turn, state.record.last_turn, tuple(lines)) if changed else None
     notes = tuple(n for n in state.notes
                   if not (quoting.quotes(n) or (phrase is not None and contains_phrase(n, phrase))))

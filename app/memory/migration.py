@@ -30,8 +30,19 @@ from __future__ import annotations
 
 import json
 
-from app.memory.record import ABOUT, ASKED, ASSISTANT, FORMAT_VERSION, HEADER, PERSON, TEXT, TOLD, Record, \
-    RecordLine, UnsupportedRecordFormat
+from app.memory.record import (
+    ABOUT,
+    ASKED,
+    ASSISTANT,
+    FORMAT_VERSION,
+    HEADER,
+    PERSON,
+    TEXT,
+    TOLD,
+    Record,
+    RecordLine,
+    UnsupportedRecordFormat,
+)
 
 EMPTY, TEXT_FORMAT = 0, 1
 """``stored_format`` of an empty field and of a format-1 (text) summary."""

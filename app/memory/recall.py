@@ -37,10 +37,10 @@ from typing import Collection, Iterable, Sequence
 
 from rank_bm25 import BM25Plus
 
-from app.memory.words import tokens as tokenize
 from app.memory.state import ThreadMessage
 from app.memory.text import compare_form, cut_at_word
 from app.memory.tokens import TokenCounter
+from app.memory.words import tokens as tokenize
 
 RECALL_SHARE = 0.15
 """Default share of the prompt budget (context window minus reserved output) recalled excerpts may use."""
@@ -208,14 +208,14 @@ class ArchiveIndex:
     def counted(self) -> list[tuple[ArchivedTurn, dict]]:
         """``(turn, {token: count})`` of every turn held, oldest first (the counts are the index's own: read only)."""
         with self._lock:
-            return list(zip(self.turns, self._freqs))
+            return list(zip(self.turns, self._freqs, strict=True))
 
     def without(self, numbers: Collection[int], *, forgets: int) -> "ArchiveIndex":
         """A new index of the turns held except those numbered in ``numbers``, valid for ``forgets`` (the forget
         counter after they were forgotten); nothing is tokenised again (linear in the index's term counts)."""
         out = ArchiveIndex(cleared=self.cleared, forgets=forgets, born=self.born)
         with self._lock:
-            kept = [(t, c) for t, c in zip(self.turns, self._freqs) if t.number not in numbers]
+            kept = [(t, c) for t, c in zip(self.turns, self._freqs, strict=True) if t.number not in numbers]
         for position, (turn, counts) in enumerate(kept):
             out.turns.append(turn)
             out._freqs.append(counts)
@@ -271,7 +271,7 @@ class ArchiveIndex:
         base = self._scorer.delta * sum(self._scorer.idf.get(t, 0.0) for t in wanted)
         scored = [s - base for s in self._scorer.get_batch_scores(wanted, candidates)]
         best = max(scored, default=0.0)
-        ranked = sorted(((s, i) for s, i in zip(scored, candidates) if s > 0 and s >= RELATIVE_FLOOR * best),
+        ranked = sorted(((s, i) for s, i in zip(scored, candidates, strict=True) if s > 0 and s >= RELATIVE_FLOOR * best),
                         key=lambda p: (-p[0], -p[1]))
         return [(s, self.turns[i]) for s, i in ranked]
 

@@ -58,7 +58,7 @@ def _unspaced_words(run: str) -> list[str]:
     clusters = _GRAPHEME.findall(run)
     if len(clusters) < 2:
         return clusters
-    return [a + b for a, b in zip(clusters, clusters[1:])]
+    return [a + b for a, b in zip(clusters, clusters[1:], strict=False)]
 
 
 def tokens(text: str, *, function_words: bool = False) -> list[str]:

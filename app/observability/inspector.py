@@ -24,9 +24,8 @@ kept (a failed or cancelled turn's input is not written).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
-
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from app.memory.context import format_pins, format_summary
 from app.memory.recall import ArchiveIndex, format_recall, recall

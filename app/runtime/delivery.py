@@ -29,7 +29,6 @@ from app.runtime.producer import ProducerResult, TurnIO, run_state_unavailable
 from app.runtime.run_store import Run, RunStore, new_run_id
 from app.store.thread_store import StoreUnavailable
 
-
 SOURCE = "delivery-chain"
 STAGES = ("plan", "build", "review")
 REPORT_HEADER = "# Delivery Report"

@@ -26,10 +26,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from app.llm.answers import one_of, text
 from app.llm.provider import LLMError
+from app.llm.structured import invalid_answer
 from app.memory.status import TurnStatus
 from app.runtime.budget import Room
 from app.runtime.chat import stream_reply
-from app.llm.structured import invalid_answer
 from app.runtime.llm_calls import call_deadline, structured_answer
 from app.runtime.producer import ProducerError, ProducerResult, TurnIO, run_state_unavailable
 from app.runtime.run_store import Run, RunStore, new_run_id

@@ -17,8 +17,8 @@ import json
 import math
 import operator
 from dataclasses import dataclass
-from functools import lru_cache
 from datetime import datetime
+from functools import lru_cache
 from typing import Any, Callable, cast
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 

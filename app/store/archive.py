@@ -212,7 +212,7 @@ class Archive:
                 oldest = self.store.redis.zrange(ThreadKeys(thread_id).archive, 0, 0, withscores=True)
             if oldest:
                 return int(oldest[0][1])
-        numbers = [n for n, turn in zip(state.turn_numbers(), state.turns()) if turn[0].role == "user"]
+        numbers = [n for n, turn in zip(state.turn_numbers(), state.turns(), strict=True) if turn[0].role == "user"]
         return numbers[0] if numbers else None
 
     def newest_turns(self, thread_id: str, *, newest: int = HYDRATION_TURNS) -> list[ArchivedTurn]:

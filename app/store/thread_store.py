@@ -47,14 +47,11 @@ from app.memory.state import Pin, ThreadMessage, ThreadState, thread_label
 from app.store.compaction_history import CompactionHistory, encode_entry
 from app.store.compaction_markers import CompactionMarkers, RefineStatus
 from app.store.compaction_outcome import Outcome, Reason, reason_of
-from app.store.errors import (CorruptState, ErrorGuard, OutcomeUnknown, StoreUnavailable, Unsettled, guarded,
-                              never_sent)
+from app.store.errors import CorruptState, ErrorGuard, OutcomeUnknown, StoreUnavailable, Unsettled, guarded, never_sent
 from app.store.keys import ThreadKeys
 from app.store.redis_client import StoreClient, is_cluster, run_script_and_wait, without_retries
 from app.store.scripts import lua_script
-from app.store.stored_state import dumps as _dumps
-from app.store.stored_state import forgotten_turns as _forgotten_turns
-from app.store.stored_state import parse_state
+from app.store.stored_state import dumps as _dumps, forgotten_turns as _forgotten_turns, parse_state
 
 __all__ = ["CommitResult", "CompactionCommit", "CorruptState", "ForgetCommit", "OutcomeUnknown", "RefineStatus",
            "StoreUnavailable", "ThreadStore"]

@@ -16,9 +16,22 @@ from typing import Any
 from flask import request
 from marshmallow import Schema, fields, post_load, pre_load, validates
 
-from app.chat.client_input import (INVALID_TEXT, ClientRefused, ClientSchema, JSONRefused, Refusal, check,
-                                   client_text, is_blank, load_client, loads_client_json, message_id, refuse,
-                                   refused_as, storable)
+from app.chat.client_input import (
+    INVALID_TEXT,
+    ClientRefused,
+    ClientSchema,
+    JSONRefused,
+    Refusal,
+    check,
+    client_text,
+    is_blank,
+    load_client,
+    loads_client_json,
+    message_id,
+    refuse,
+    refused_as,
+    storable,
+)
 from app.memory.forget import PHRASE_MAX_CHARS
 from app.observability.feedback import MAX_REASON_CHARS, RATINGS
 from app.web.responses import ApiError

@@ -11,8 +11,8 @@ from flask import Blueprint, Response, current_app, jsonify, render_template
 
 from app.extensions import services
 from app.identity import current_thread_id
-from app.memory.hydration import build_hydration, empty_hydration
 from app.llm.health import model_status
+from app.memory.hydration import build_hydration, empty_hydration
 from app.memory.state import thread_label
 from app.runtime.capabilities import tools_enabled
 from app.store.thread_store import CorruptState, OutcomeUnknown, StoreUnavailable

@@ -550,7 +550,7 @@ def _instance_of(schema: Any, root: Optional[dict] = None, depth: int = 0) -> An
 
 def _normalise_tool_calls(calls: list[dict]) -> list[dict]:
     out = []
-    for i, c in enumerate(calls):
+    for c in calls:
         fn: dict = c["function"] if isinstance(c.get("function"), dict) else c
         args = fn.get("arguments", {})
         if not isinstance(args, str):

@@ -13,14 +13,33 @@ No Flask, Redis, Celery or openai here (``app.compaction`` does the I/O):
 """
 
 from app.memory.compaction.answer import AnswerProblem, CompactionAnswer, InvalidCompactionOutput, validate_answer
-from app.memory.compaction.compose import (CompactionResult, FactGuardFailure, RecordOverLimit, Strategy, compose, memory_cost,
-                                           messages_cost)
+from app.memory.compaction.compose import (
+    CompactionResult,
+    FactGuardFailure,
+    RecordOverLimit,
+    Strategy,
+    compose,
+    memory_cost,
+    messages_cost,
+)
 from app.memory.compaction.facts import check_facts, extract_facts, fact_present, facts_of, states_decision
 from app.memory.compaction.notes import normalize_pin
-from app.memory.compaction.policy import (CompactionPlan, compaction_due, hard_cap_messages, notes_token_cap,
-                                          plan_compaction, summary_token_cap, uncompacted_tokens)
-from app.memory.compaction.prompt import (MAX_OUTPUT_TOKENS, PromptTooLong, build_compaction_prompt,
-                                          fixed_prompt_tokens, gist_chars)
+from app.memory.compaction.policy import (
+    CompactionPlan,
+    compaction_due,
+    hard_cap_messages,
+    notes_token_cap,
+    plan_compaction,
+    summary_token_cap,
+    uncompacted_tokens,
+)
+from app.memory.compaction.prompt import (
+    MAX_OUTPUT_TOKENS,
+    PromptTooLong,
+    build_compaction_prompt,
+    fixed_prompt_tokens,
+    gist_chars,
+)
 
 __all__ = [
     "AnswerProblem", "Strategy",

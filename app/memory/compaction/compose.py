@@ -32,18 +32,31 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Iterable, Sequence
 
-from app.memory.compaction.answer import AnswerProblem, CompactionAnswer, \
-    InvalidCompactionOutput, gist_problems
+from app.memory.compaction.answer import AnswerProblem, CompactionAnswer, InvalidCompactionOutput, gist_problems
 from app.memory.compaction.facts import extract_facts, fact_present, facts_of, unread_share
 from app.memory.compaction.notes import grounding, merge_notes, normalize_pin
 from app.memory.compaction.policy import GAIN_SHARE, CompactionPlan, notes_token_cap, summary_token_cap
-from app.memory.compaction.record import ABOUT, ASKED, ASSISTANT, PERSON, TOLD, FitStep, Record, RecordLine, \
-    asked_line, asks, fit_record, mark_replaced, sentences, statement_lines
+from app.memory.compaction.record import (
+    ABOUT,
+    ASKED,
+    ASSISTANT,
+    PERSON,
+    TOLD,
+    FitStep,
+    Record,
+    RecordLine,
+    asked_line,
+    asks,
+    fit_record,
+    mark_replaced,
+    sentences,
+    statement_lines,
+)
 from app.memory.context import format_pins, format_summary
 from app.memory.limits import MemoryLimits
 from app.memory.state import ThreadMessage, ThreadState, group_turns, number_turns
-from app.memory.words import key
 from app.memory.tokens import TokenCounter
+from app.memory.words import key
 
 COPY_SHARE = 0.8
 """A gist with this share of its content words from one message the person wrote is a copy of it: no line."""
@@ -224,7 +237,7 @@ def compose(state: ThreadState, plan: CompactionPlan, answer: CompactionAnswer |
     # A refinement composes turns the folds already wrote: their answer sentence was chosen then (with what memory
     # knew then), so another sentence of the same answer is not added at the record's end.
     answered = {line.turn for line in old.lines if line.kind == ASSISTANT and line.turn}
-    for turn, number in zip(turns, numbers):
+    for turn, number in zip(turns, numbers, strict=True):
         lines = [line for line in statement_lines(turn, known, number=number)
                  if _line_key(line) not in seen and not (line.kind == ASSISTANT and number in answered)]
         if not lines and answer is None:  # without the model's gist, say at least what was asked

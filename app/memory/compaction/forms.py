@@ -37,7 +37,6 @@ from app.memory.compaction.facts import extract_facts
 from app.memory.text import CJK_RE
 
 
-
 class Form(StrEnum):
     """The form of a sentence (``sentence_form``; see the module docstring): a member equals its plain string."""
 

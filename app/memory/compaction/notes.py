@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Sequence
 
-from app.memory.compaction.facts import extract_facts, fact_present, states_decision
-from app.memory.state import ThreadMessage
-from app.memory.compaction.forms import is_question
 from app.memory import words
+from app.memory.compaction.facts import extract_facts, fact_present, states_decision
+from app.memory.compaction.forms import is_question
+from app.memory.state import ThreadMessage
 from app.memory.text import CJK_RE
 from app.memory.tokens import TokenCounter
 

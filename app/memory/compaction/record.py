@@ -65,16 +65,15 @@ from enum import StrEnum
 from functools import lru_cache
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
+from app.memory import lexicon
 from app.memory.cache import ByteCache, text_bytes
 from app.memory.compaction import forms
 from app.memory.compaction.facts import extract_facts, fact_present, states_decision
-from app.memory import lexicon
-from app.memory.words import tokens as tokenize
-from app.memory.record import (ABOUT, ASKED, ASSISTANT, HEADER, LABELS, PERSON, TEXT, TOLD,  # noqa: F401 (re-exported)
-                               Record, RecordLine)
+from app.memory.record import ABOUT, ASKED, ASSISTANT, HEADER, LABELS, PERSON, TEXT, TOLD, Record, RecordLine  # noqa: F401 (re-exported)
 from app.memory.state import ThreadMessage
 from app.memory.text import CJK_RE, FENCED_CODE_RE, cut_at_word, grapheme_prefix
 from app.memory.tokens import TokenCounter
+from app.memory.words import tokens as tokenize
 
 if TYPE_CHECKING:
     import pysbd

@@ -24,22 +24,22 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 import redis
-
 from flask import Blueprint, Response, request
 
 from app.chat.events import forget_frame
+from app.chat.turn import off_the_event_loop
 from app.extensions import services
 from app.identity import current_thread_id
-from app.chat.turn import off_the_event_loop
 from app.memory.forget import ForgetPlan, Quoting, contains_phrase, plan_forget
 from app.memory.state import ThreadState, thread_label, utc_now_iso
 from app.observability import accounting
 from app.store.compaction_history import HISTORY_MAX, forget_entry
-from app.store.keys import ThreadKeys
 from app.store.errors import CorruptState, OutcomeUnknown, StoreUnavailable
+from app.store.keys import ThreadKeys
 from app.web.api.pins import ITEM_NUMBER_RE
 from app.web.bodies import BAD_PHRASE, PHRASE_QUERY, forget_body, load_body, load_query
 from app.web.responses import MEMORY_UNREADABLE, STORE_UNAVAILABLE, ApiError, UnknownOutcome, guarded_json
@@ -137,7 +137,7 @@ def _plan(state: ThreadState, index: ArchiveIndex, turns: frozenset[int],
     kept_tokens: list = []
     texts: list[str] = []
     ids: list[str] = []
-    for messages, number in zip(state.turns(), state.turn_numbers()):
+    for messages, number in zip(state.turns(), state.turn_numbers(), strict=True):
         if number in turns:
             texts.extend(m.text for m in messages)
             ids.extend(m.id for m in messages)
@@ -199,7 +199,7 @@ def _forget_job(thread_id: str, turns: list[int], phrase: str | None = None) -> 
         new = frozenset(t for t in turns if t not in state.forgotten_turns)
         if not new:
             return [_entry(t) for t in turns], []
-        plan, texts, ids, archived = off_the_event_loop(lambda: _plan(state, index, new, phrase))
+        plan, texts, ids, archived = off_the_event_loop(partial(_plan, state, index, new, phrase))
         recent = {n for n in state.turn_numbers() if n in new}
         now = int(time.time() * 1000)
         entries = [forget_entry(t, now) for t in sorted(new)]
@@ -210,7 +210,7 @@ def _forget_job(thread_id: str, turns: list[int], phrase: str | None = None) -> 
         if committed.applied:
             # a reply settled by reading back does not know the new forget counter: rebuild the index on next use
             kept = None if committed.settled else off_the_event_loop(
-                lambda: index.without(new, forgets=committed.forgets))
+                partial(index.without, new, forgets=committed.forgets))
             svc.caches.drop_thread(thread_id, texts=texts, keep=kept)
             log.info("%d turns forgotten in %s: %d recent messages, %d archived, %d record lines, %d notes",
                      len(new), thread_label(thread_id), committed.recent_removed, committed.archive_removed,
@@ -253,7 +253,7 @@ def preview_forget() -> tuple[Response, int]:
     svc, thread_id = services(), current_thread_id()
     state, index = svc.archive.load_turn_memory(thread_id, run=off_the_event_loop)
     items: list[dict] = []
-    for messages, number in zip(state.turns(), state.turn_numbers()):
+    for messages, number in zip(state.turns(), state.turn_numbers(), strict=True):
         items.extend({"place": "recent", "turn": number, "text": m.text}
                      for m in messages if contains_phrase(m.text, phrase))
 

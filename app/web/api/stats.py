@@ -9,9 +9,9 @@ from flask import Blueprint, Response
 
 from app.extensions import services
 from app.identity import current_thread_id
+from app.memory.context import shorten_answer
 from app.memory.state import thread_label
 from app.observability import accounting, metrics
-from app.memory.context import shorten_answer
 from app.observability.inspector import resolve_prompt
 from app.store.thread_store import CorruptState, StoreUnavailable
 from app.web.responses import MEMORY_UNREADABLE, error_response, guarded_json, store_unavailable
