@@ -34,7 +34,7 @@ People first (docs/bundled-model.md: The bundled model):
   newest per key replacing an older one (a running one of that key is preempted).  A runner thread reads it while
   no turn is in the proxy, in steps of ``WARMUP_CHUNK`` tokens (``SlotCache._warm``: the prompt's tokens from
   llama.cpp's ``/apply-template`` and ``/tokenize``, then ever longer prefixes), so that a turn waits for one step
-  at most (about 0.25 s here), not for a batch (``LOCAL_MODEL_BATCH``).  A turn (any other request) preempts it at
+  at most (about 0.5 s here), not for a batch (``LOCAL_MODEL_BATCH``).  A turn (any other request) preempts it at
   once: for the same key the slot keeps what the warm-up read and the turn reads only the rest; for another key
   the part read is saved
   to the warm-up key's file before the turn's restore and the warm-up is queued again (it then reads only the
@@ -82,7 +82,7 @@ BASE = "base"
 MAX_FILES = 64  # LOCAL_MODEL_SLOT_FILES: slot files kept (threads), the base state included
 MAX_MIB = 1024  # LOCAL_MODEL_SLOT_MIB: their total size, MiB
 UPSTREAM_TIMEOUT = 600.0  # seconds: the longest answer a request may take on the internal server
-WARMUP_CHUNK = 32  # tokens a warm-up reads per step (about 0.25 s here): the longest a preempting turn waits for it
+WARMUP_CHUNK = 64  # tokens a warm-up reads per step (about 0.5 s here): the longest a preempting turn waits for it
 WAIT_EVENT_SECONDS = 2.0  # a streamed turn waiting behind another turn hears an x.wait event at least this often
 WAIT_EVENT = b'data: {"object": "x.wait", "reason": "another_turn"}\n\n'
 _HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "proxy-connection", "te",
