@@ -8,8 +8,8 @@ defaults taken from the scripts' constants).  docs/contract.md: Configuration ha
 
 Usage::
 
-    python scripts/settings_doc.py          # write docs/settings.md and .env.example
-    python scripts/settings_doc.py --check  # exit 1, naming the file, when either differs from what it would write
+    python -m scripts.settings_doc          # write docs/settings.md and .env.example
+    python -m scripts.settings_doc --check  # exit 1, naming the file, when either differs from what it would write
 
 tests/test_settings_doc.py fails when a committed file differs, or when a variable has no group.
 """
@@ -169,7 +169,7 @@ def markdown(all_rows: list[Row]) -> str:
     """docs/settings.md: one table per group (variable, default, unit, bounds, meaning)."""
     lines = ["# Settings", "",
              "Every environment variable, grouped by what it configures; `.env.example` lists the same with their",
-             "defaults. Written by `python scripts/settings_doc.py` from `app/settings.py` (`DOCUMENTED`), the",
+             "defaults. Written by `python -m scripts.settings_doc` from `app/settings.py` (`DOCUMENTED`), the",
              "Procfile and the local stack's scripts: do not edit by hand (`tests/test_settings_doc.py` fails when",
              "this file differs). An empty value means unset. docs/contract.md (Configuration) has each variable's",
              "whole text.", ""]
