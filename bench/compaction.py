@@ -308,7 +308,10 @@ def run_profile(name: str, *, llm: FakeLLM, server: LiveServer, services, client
         check_compacted(store, client, tid_i, window)
         if i < warmup:
             # Also waits for the worker to be up: the first async compaction must apply.
-            wait_until(lambda tid_a=tid_a: store.load(tid_a).summary, 90, "the worker's first compaction")
+            def summarised(tid: str = tid_a) -> str:
+                return store.load(tid).summary
+
+            wait_until(summarised, 90, "the worker's first compaction")
             switch.enqueue_ms.clear()
             switch.inline_ms.clear()
             switch.marker_ms.clear()

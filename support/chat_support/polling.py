@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import time
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
 
 
-def wait_until(predicate, timeout: float = 10.0, message: str = "condition", interval: float = 0.02):
+def wait_until(predicate: Callable[[], T], timeout: float = 10.0, message: str = "condition",
+               interval: float = 0.02) -> T:
     """Poll ``predicate`` every ``interval`` seconds until it returns a truthy value, which is returned.
 
     Raises:

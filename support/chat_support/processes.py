@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 from pathlib import Path
+from typing import Any
 
 from honcho.environ import parse_procfile
 
@@ -22,7 +23,7 @@ from chat_support.config_env import SECRET, clean_env
 PROCFILE = parse_procfile((ROOT / "Procfile").read_text()).processes
 
 
-def prod_env(settings, **values: str) -> dict[str, str]:
+def prod_env(settings: Any, **values: str) -> dict[str, str]:
     """A production environment on the test Redis and the fake LLM."""
     env = clean_env(APP_ENV="production", REDIS_URL=settings.redis_url, SECRET_KEY=SECRET,
                     OPENAI_BASE_URL=settings.openai_base_url, OPENAI_API_KEY="test-key", CHAT_MODEL="fake-chat",

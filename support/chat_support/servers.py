@@ -12,6 +12,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import requests
 
@@ -45,7 +46,7 @@ def port_open(port: int, timeout: float = 0.5) -> bool:
 
 
 def wait_http(url: str, proc: subprocess.Popen, log: Path | None = None, timeout: float = 30.0,
-              **kwargs) -> requests.Response:
+              **kwargs: Any) -> requests.Response:
     """GET ``url`` until it answers (any status) and return the answer.
 
     Fails (``AssertionError``, with the end of ``log`` when given) if ``proc`` exits first or

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import Any
 
 WORDS = ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve",
          "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen", "twenty"]
@@ -31,7 +32,7 @@ def assistant_text(n: int) -> str:
     return f"the number {WORDS[(n - 1) % len(WORDS)]} is a lovely number indeed," + ANSWER_TAIL
 
 
-def history(client, thread_id: str) -> list[dict]:
+def history(client: Any, thread_id: str) -> list[dict]:
     """The compaction history of a thread, newest first: the JSON entries of its ``compactions`` list, read with
     ``client`` (a redis-py client, or a cluster client)."""
     from app.store.keys import ThreadKeys  # the app's key layout; imported here so the fake model needs no app
