@@ -184,6 +184,19 @@ class FrameWriter:
         if reader is not None and reader is not threading.current_thread() and wait > 0:
             reader.join(wait)
 
+    def peer_closed(self, wait: float = CLOSE_WAIT_SECONDS) -> None:
+        """The connection was closed by the peer or failed by the protocol (``ConnectionClosed``): wait up to
+        ``wait`` seconds for simple-websocket's reader thread to end; nothing raised.
+
+        That thread marks the connection closed *before* it writes its closing reply (for bad UTF-8, close
+        1007); a handler that returned at once would let the web server write its own bytes into the
+        upgraded socket first, and the peer would read them as a broken frame.  Once the thread ends its
+        reply is written and the socket closed.
+        """
+        reader = getattr(self._ws, "thread", None)
+        if reader is not None and reader is not threading.current_thread() and wait > 0:
+            reader.join(wait)
+
     def finish(self) -> None:
         """The connection ended (the handler returns): accept no more frames, stop the sender."""
         with self._cond:

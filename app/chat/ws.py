@@ -105,7 +105,7 @@ def chat_socket(ws: Server) -> None:
     try:
         _serve(ws, writer)
     except ConnectionClosed:
-        pass
+        writer.peer_closed()
     except Exception:
         log.exception("websocket handler failed")
         writer.close(CLOSE_INTERNAL, "internal error")
