@@ -392,6 +392,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--template-kwargs", type=json.loads, default=None,
                         help="JSON object sent as llama.cpp's chat_template_kwargs with every request, e.g. "
                              "'{\"enable_thinking\": false}' for Qwen3")
+    parser.add_argument("--options", type=json.loads, default=None,
+                        help="JSON object merged over the product configuration's request fields (sampler settings "
+                             "to compare with the same seed), e.g. '{\"dry_penalty_last_n\": -1}'")
     parser.add_argument("--out", type=Path, default=None,
                         help="also write every answer with its figures to this JSON file (outside the repository: "
                              "it quotes the data set's turns)")
@@ -408,6 +411,10 @@ def main(argv: list[str] | None = None) -> int:
                Config("baseline", BASELINE_SYSTEM_PROMPT, {"max_tokens": 1024}, 0)]
     if args.only:
         configs = [c for c in configs if c.name == args.only]
+    if args.options:
+        for c in configs:
+            if c.name == "product":
+                c.options = {**c.options, **args.options}
     if args.template_kwargs:
         for c in configs:
             c.options = {**c.options, "chat_template_kwargs": args.template_kwargs}
@@ -415,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"answers: no model file {args.model}")
     print(f"bench.answers: seed {seed}; {len(convs)} conversations x {args.turns} turns: "
           f"{', '.join(n for n, _, _ in convs)}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; "
-          f"model {args.model or 'bundled'}", flush=True)
+          f"model {args.model or 'bundled'}" + (f"; product options {args.options}" if args.options else ""), flush=True)
     proc = None
     url = args.url
     if url is None:

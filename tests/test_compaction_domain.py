@@ -18,6 +18,7 @@ from app.memory.compaction.notes import merge_notes, note_problem
 from app.memory.compaction.record import (
     ABOUT,
     ASSISTANT,
+    FIT_SHARE,
     HEADER,
     LINE_MAX_CHARS,
     PERSON,
@@ -316,7 +317,8 @@ def test_a_long_sentence_is_kept_whole_and_a_very_long_one_is_cut_at_a_word_edge
 def lines_record(n: int) -> Record:
     lines = []
     for i in range(n):
-        lines.append(RecordLine(ABOUT, f"They talked about topic number {i}."))
+        lines.append(RecordLine(ABOUT, f"They talked about topic number {i}, what came of it for the team and for the customers, "
+                                       "and what they would look at again in the weeks that followed."))
         lines.append(RecordLine(PERSON, f"My ticket is INC-{1000 + i} and it is about the billing flow."))
         lines.append(RecordLine(ASSISTANT, f"Port {7000 + i} is the one to open for it."))
     return Record(1, 2 * n, tuple(lines))
@@ -325,14 +327,18 @@ def lines_record(n: int) -> Record:
 def test_fitting_drops_about_lines_first_then_answers_then_the_persons_oldest():
     record = lines_record(12)
     chars = len(record.render())
-    fitted, report = fit_record(record, max_chars=chars - 200, max_tokens=10_000, counter=COUNTER)
+    about_chars = sum(len(line.render()) + 1 for line in record.lines if line.kind == ABOUT)
+    assert chars * (1 - FIT_SHARE) < about_chars < chars  # one character over: the About lines alone make room
+    fitted, report = fit_record(record, max_chars=chars - 1, max_tokens=10_000, counter=COUNTER)
     assert report.steps == ("about",) and report.dropped_facts == ()
     abouts = [line.text for line in record.lines if line.kind == ABOUT]
     remaining = [line.text for line in fitted.lines if line.kind == ABOUT]
     assert remaining == abouts[len(abouts) - len(remaining):] and len(remaining) < len(abouts)  # oldest went
-    fitted, report = fit_record(record, max_chars=1200, max_tokens=10_000, counter=COUNTER)
+    persons_only = len(replace(record, lines=tuple(line for line in record.lines if line.kind == PERSON)).render())
+    limit = int((persons_only + 150) / FIT_SHARE)  # room for the person's lines and a few answers
+    fitted, report = fit_record(record, max_chars=limit, max_tokens=10_000, counter=COUNTER)
     assert report.steps == ("about", "assistant")
-    assert len(fitted.render()) <= 0.85 * 1200  # cut down to FIT_SHARE of the limit: room for what comes next
+    assert len(fitted.render()) <= FIT_SHARE * limit  # cut down to FIT_SHARE of the limit: room for what comes next
     dropped = len(report.dropped_facts)
     assert report.dropped_facts == tuple(str(7000 + i) for i in range(dropped)) and 0 < dropped < 12  # oldest first
     assert sum(line.kind == PERSON for line in fitted.lines) == 12
@@ -342,12 +348,13 @@ def test_fitting_drops_about_lines_first_then_answers_then_the_persons_oldest():
 
 
 def test_fitting_keeps_a_line_whose_facts_are_referenced_elsewhere_longer():
-    record = Record(1, 8, tuple(line for line in lines_record(4).lines if line.kind == PERSON))
-    one_line_less = COUNTER.count(Record(1, 8, record.lines[1:]).render())
+    record = Record(1, 12, tuple(line for line in lines_record(6).lines if line.kind == PERSON))
+    one_line_less = COUNTER.count(Record(1, 12, record.lines[1:]).render())
     fitted, report = fit_record(record, max_chars=10_000, max_tokens=one_line_less, counter=COUNTER,
                                 reference_text="we still talk about INC-1000")
-    assert "INC-1000" in fitted.render() and "INC-1003" in fitted.render()
-    assert report.dropped_facts == ("INC-1001", "INC-1002")  # the least referenced, oldest first
+    assert "INC-1000" in fitted.render() and "INC-1005" in fitted.render()
+    assert report.dropped_facts[:2] == ("INC-1001", "INC-1002")  # the least referenced, oldest first
+    assert "INC-1000" not in report.dropped_facts
 
 
 def test_fitting_respects_the_token_limit_with_chinese_lines():

@@ -78,8 +78,12 @@ from app.memory.words import tokens as tokenize
 if TYPE_CHECKING:
     import pysbd
 
-FIT_SHARE = 0.85
-"""A record over its limits is cut down to this share of them (room for the next compactions' lines)."""
+FIT_SHARE = 0.6
+"""A record over its limits is cut down to this share of them (room for the next compactions' lines).  Every cut
+changes the record near its beginning, so the chat server reads the whole prompt after it again (about 8 s for
+1,000 tokens with the bundled model here): at 0.85 a 60-turn conversation was cut every 2-8 turns, at 0.6 a third
+less often, with the same planted facts retained and the same LoCoMo evidence in the prompt (the archive and recall
+keep what a cut lets go; docs/benchmarks.md: Performance)."""
 ASKED_MAX_CHARS = 80
 """Longest ``Asked:`` line (the opening of a person's message that carried no statement), ``…`` included."""
 _CUT_STRIP = " ,;:，；：、"
