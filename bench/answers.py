@@ -394,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
                              "'{\"enable_thinking\": false}' for Qwen3")
     parser.add_argument("--options", type=json.loads, default=None,
                         help="JSON object merged over the product configuration's request fields (sampler settings "
-                             "to compare with the same seed), e.g. '{\"dry_penalty_last_n\": -1}'")
+                             "to compare with the same seed), e.g. '{\"dry_penalty_last_n\": 8192}' (llama.cpp refuses -1 there)")
     parser.add_argument("--out", type=Path, default=None,
                         help="also write every answer with its figures to this JSON file (outside the repository: "
                              "it quotes the data set's turns)")

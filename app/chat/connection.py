@@ -178,11 +178,8 @@ class FrameWriter:
                 with self._cond:
                     self._drop_locked("close_timeout")
                 return
-        if not self._sent_close.is_set():
-            return
-        reader = getattr(self._ws, "thread", None)
-        if reader is not None and reader is not threading.current_thread() and wait > 0:
-            reader.join(wait)
+        if self._sent_close.is_set():
+            self._join_reader(wait)
 
     def peer_closed(self, wait: float = CLOSE_WAIT_SECONDS) -> None:
         """The connection was closed by the peer or failed by the protocol (``ConnectionClosed``): wait up to
@@ -193,6 +190,10 @@ class FrameWriter:
         upgraded socket first, and the peer would read them as a broken frame.  Once the thread ends its
         reply is written and the socket closed.
         """
+        self._join_reader(wait)
+
+    def _join_reader(self, wait: float) -> None:
+        """Wait up to ``wait`` seconds for simple-websocket's reader thread to end (not from that thread)."""
         reader = getattr(self._ws, "thread", None)
         if reader is not None and reader is not threading.current_thread() and wait > 0:
             reader.join(wait)
