@@ -189,6 +189,34 @@ def test_new_sockets_per_minute_per_address(web):
     other.close()
 
 
+def test_sockets_failed_by_bad_utf8_at_once_each_get_a_clean_1007_and_give_their_places_back(web):
+    """Ten sockets from ten addresses (with the visitor's, within one worker's share of sockets) send a text frame that is not UTF-8 at the same moment, while another
+    visitor's turn streams: every one reads a well-formed close 1007 (never the web server's own bytes inside the
+    upgraded socket), the visitor's answer completes, and each address may then open its full share of sockets
+    again (the places were given back); text in other scripts is served as usual."""
+    import concurrent.futures
+
+    attackers = [Client(web) for _ in range(10)]
+    sockets = [attacker.open() for attacker in attackers]
+    visitor = Client(web)
+    visitor_ws = visitor.open()
+
+    def fail(ws: websocket.WebSocket) -> tuple[int, int]:
+        ws.send(b'{"type":"message","text":"\xff\xfe"}', opcode=websocket.ABNF.OPCODE_TEXT)
+        frame = ws.recv_frame()  # a frame with an RSV bit set raises here
+        return frame.opcode, close_code(frame.data)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=10) as pool:
+        failed = pool.map(fail, sockets)
+        frames = turn(visitor_ws, "Γειά σου, 안녕하세요, مرحبا — and hello")
+        assert list(failed) == [(websocket.ABNF.OPCODE_CLOSE, 1007)] * 10
+    assert frames[-1]["type"] == "done" and frames[-1]["status"] == "completed"
+    again = attackers[0]
+    assert wait_until(lambda: [served_or_close(again.open()) for _ in range(3)] == ["served"] * 3, timeout=10)
+    for client in (*attackers, visitor):
+        client.close()
+
+
 def test_incoming_frames_are_bounded(web):
     client = Client(web)
     ws = client.open()
